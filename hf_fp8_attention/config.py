@@ -1,0 +1,149 @@
+"""The FP8 attention recipe: one frozen config object holding every knob (DESIGN.md §2).
+
+A config is immutable and hashable, so it can key kernel caches and travel through
+``torch.library`` custom ops and ``model.config`` unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class FP8Format(str, enum.Enum):
+    """An 8-bit floating-point format and its largest finite value."""
+
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self is FP8Format.E4M3 else torch.float8_e5m2
+
+    @property
+    def max(self) -> float:
+        return float(torch.finfo(self.dtype).max)  # 448 for E4M3, 57344 for E5M2
+
+
+class DeltaMode(str, enum.Enum):
+    """How the backward forms D_i, the per-row correction of dS = P ∘ (dP − D).
+
+    ``MATCHED``: D_i = Σ_j P_ij dP_ij from the backward's own fp32 P and dequantized dP, with the
+    backward's own softmax normaliser (Delta-Matching; restores Σ_j dS_ij = 0).
+    ``STALE``: D_i = rowsum(dO ∘ O) from the forward output, with the forward's LSE (what
+    FlashAttention-style backwards compute; the ablation baseline).
+    """
+
+    MATCHED = "matched"
+    STALE = "stale"
+
+
+class BackwardPrecision(str, enum.Enum):
+    """Operand precision of the backward matmuls: ``FP8`` (block-scaled) or ``BF16`` (hybrid)."""
+
+    FP8 = "fp8"
+    BF16 = "bf16"
+
+
+class Backend(str, enum.Enum):
+    """Which implementation runs: ``AUTO`` picks Triton kernels on capable GPUs, else emulation."""
+
+    AUTO = "auto"
+    TRITON = "triton"
+    EMULATION = "emulation"
+
+
+_TILE_SIZES = (16, 32, 64, 128, 256)
+_FIXED_E4M3_ROLES = ("q_format", "k_format", "v_format", "p_format")
+
+
+def _coerce_enum(enum_cls, value, field_name: str):
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in enum_cls)
+        raise ValueError(f"FP8AttentionConfig.{field_name}={value!r} is not one of {choices}") from None
+
+
+@dataclass(frozen=True)
+class FP8AttentionConfig:
+    """Every knob of the block-scaled FP8 attention recipe.
+
+    Formats per tensor role: Q, K, V and P are E4M3 (the recipe fixes them); dO and dS default to
+    E4M3 and may be E5M2 (wider range, less precision) for gradients with large dynamic range.
+
+    Tiles: ``block_q`` (B_r) and ``block_k`` (B_c) are the query and key tile sizes. They set the
+    blocks over which the channel-wise scales of V/K/Q/dO and the row/column scales of P and dS are
+    shared, so the kernels and the emulation must use the same values to agree closely.
+
+    ``pow2_scales`` rounds every scale up to a power of two (exact dequantization, as in MXFP8).
+    The forward's P is the exception: it is always quantized against its tile row maximum (its scale
+    is an fp32 factor folded into the online-softmax rescale, where a power of two buys nothing).
+
+    ``delta`` picks Delta-Matching (``"matched"``) or the stale rowsum(dO ∘ O) (``"stale"``);
+    ``backward`` picks FP8 backward matmuls (``"fp8"``) or the hybrid bf16 backward (``"bf16"``).
+    ``backend`` forces the Triton kernels or the PyTorch emulation; ``"auto"`` chooses by device.
+    """
+
+    q_format: FP8Format = FP8Format.E4M3
+    k_format: FP8Format = FP8Format.E4M3
+    v_format: FP8Format = FP8Format.E4M3
+    p_format: FP8Format = FP8Format.E4M3
+    do_format: FP8Format = FP8Format.E4M3
+    ds_format: FP8Format = FP8Format.E4M3
+    block_q: int = 128
+    block_k: int = 128
+    pow2_scales: bool = False
+    delta: DeltaMode = DeltaMode.MATCHED
+    backward: BackwardPrecision = BackwardPrecision.FP8
+    backend: Backend = Backend.AUTO
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name.endswith("_format"):
+                object.__setattr__(self, f.name, _coerce_enum(FP8Format, getattr(self, f.name), f.name))
+        object.__setattr__(self, "delta", _coerce_enum(DeltaMode, self.delta, "delta"))
+        object.__setattr__(self, "backward", _coerce_enum(BackwardPrecision, self.backward, "backward"))
+        object.__setattr__(self, "backend", _coerce_enum(Backend, self.backend, "backend"))
+        for name in _FIXED_E4M3_ROLES:
+            if getattr(self, name) is not FP8Format.E4M3:
+                raise ValueError(
+                    f"FP8AttentionConfig.{name} must be 'e4m3' (the recipe fixes Q, K, V and P to E4M3); "
+                    "only do_format and ds_format may be 'e5m2'"
+                )
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value not in _TILE_SIZES:
+                raise ValueError(f"FP8AttentionConfig.{name}={value!r} must be one of {_TILE_SIZES}")
+        if not isinstance(self.pow2_scales, bool):
+            raise ValueError(f"FP8AttentionConfig.pow2_scales must be a bool, got {self.pow2_scales!r}")
+
+    def replace(self, **changes) -> "FP8AttentionConfig":
+        """A copy with some fields changed (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_recipe(cls, name: str, **overrides) -> "FP8AttentionConfig":
+        """A named recipe (see :data:`RECIPES`), optionally with fields overridden."""
+        if name not in RECIPES:
+            raise ValueError(f"unknown FP8 attention recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
+        return RECIPES[name].replace(**overrides) if overrides else RECIPES[name]
+
+
+RECIPES: dict[str, FP8AttentionConfig] = {
+    # The product: FP8 forward and backward, Delta-Matching.
+    "fp8_delta": FP8AttentionConfig(),
+    # The ablation baseline: the same FP8 matmuls with the stale delta rowsum(dO ∘ O).
+    "fp8_stale": FP8AttentionConfig(delta=DeltaMode.STALE),
+    # FP8 forward, bf16 backward (what many systems ship), with either delta.
+    "hybrid_delta": FP8AttentionConfig(backward=BackwardPrecision.BF16),
+    "hybrid_stale": FP8AttentionConfig(backward=BackwardPrecision.BF16, delta=DeltaMode.STALE),
+    # MXFP8-like: power-of-two scales, exact dequantization.
+    "fp8_delta_pow2": FP8AttentionConfig(pow2_scales=True),
+    # Wider-range gradients: dO and dS in E5M2.
+    "fp8_delta_e5m2_grads": FP8AttentionConfig(do_format=FP8Format.E5M2, ds_format=FP8Format.E5M2),
+}

@@ -1,0 +1,58 @@
+"""Exact attention in float64, forward and backward: the reference for error budgets in tests.
+
+Same conventions as :mod:`hf_fp8_attention.masking` (causal diagonal aligned to the end, windows,
+varlen via ``MaskSpec``) and the same shapes as :func:`hf_fp8_attention.fp8_attention`. Rows with
+no visible key output 0. GQA is handled by repeating k/v here: this is a test oracle, not a path
+that must be frugal with memory.
+"""
+from __future__ import annotations
+
+import torch
+
+from .masking import MaskSpec, dense_mask
+
+
+def _dense_exact(q, k, v, scale, causal, window):
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    logits = (q @ k.transpose(-1, -2)) * scale
+    mask = dense_mask(q.shape[-2], k.shape[-2], causal=causal, window=window, device=q.device)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    p = torch.where(logits == float("-inf"), 0.0, torch.exp(logits - lse))
+    return p @ v
+
+
+def exact_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None, mask: MaskSpec | None = None
+) -> torch.Tensor:
+    """float64 attention ``(B, Hq, Sq, D)``; differentiable (autograd runs in float64 too)."""
+    mask = mask or MaskSpec()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k, v = q.double(), k.double(), v.double()
+    if not mask.is_varlen:
+        return _dense_exact(q, k, v, scale, mask.causal, mask.window)
+    pieces = [torch.zeros_like(q[:, :, : mask.sequence_bounds()[0][0]])]
+    for i, (qs, qe, ks, ke) in enumerate(mask.sequence_bounds()):
+        pieces.append(_dense_exact(q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window))
+        gap_end = mask.sequence_bounds()[i + 1][0] if i + 1 < len(mask.sequence_bounds()) else q.shape[2]
+        pieces.append(torch.zeros_like(q[:, :, qe:gap_end]))
+    return torch.cat(pieces, dim=2)
+
+
+def exact_attention_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    scale: float | None = None,
+    mask: MaskSpec | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 ``(out, dq, dk, dv)`` for upstream gradient ``dout`` (shapes as the inputs)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out = exact_attention(q64, k64, v64, scale=scale, mask=mask)
+    dq, dk, dv = torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    return out.detach(), dq, dk, dv

@@ -1,0 +1,110 @@
+"""The public functional API: ``fp8_attention(q, k, v, ...)`` in SDPA layout."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import FP8AttentionConfig
+from .masking import MaskSpec
+from .ops import FP8AttentionFunction
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fp8_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"fp8_attention: {name} has dtype {t.dtype}; supported: bfloat16, float16, float32")
+        if t.dim() != 4:
+            raise ValueError(f"fp8_attention: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"fp8_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"fp8_attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"fp8_attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"fp8_attention: batch sizes differ: q has {q.shape[0]}, k/v have {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"fp8_attention: head dims differ: q has {q.shape[-1]}, k/v have {k.shape[-1]}")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"fp8_attention: head_dim {q.shape[-1]} is not supported (supported: {SUPPORTED_HEAD_DIMS}); "
+            "use attn_implementation='sdpa' for this model"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"fp8_attention: query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})"
+        )
+
+
+def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k) -> None:
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("fp8_attention: pass both cu_seqlens_q and cu_seqlens_k, or neither")
+    if cu_seqlens_q is None:
+        return
+    if q.shape[0] != 1:
+        raise ValueError(f"fp8_attention: packed (cu_seqlens) input must have batch size 1, got {q.shape[0]}")
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[2]), ("cu_seqlens_k", cu_seqlens_k, k.shape[2])):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"fp8_attention: {name} must be a 1-D int32/int64 tensor")
+        if cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) > total:
+            raise ValueError(
+                f"fp8_attention: {name} must start at 0, be non-decreasing and end at most at the token count {total}, "
+                f"got {cu.tolist()}"
+            )
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError("fp8_attention: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+
+
+def fp8_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: int | None = None,
+    config: FP8AttentionConfig | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Block-scaled FP8 attention with a delta-matched (or stale) FP8 backward.
+
+    Args:
+        q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides.
+        k, v: ``(B, Hkv, Sk, D)``, same dtype and device; ``Hq`` a multiple of ``Hkv`` (GQA/MQA,
+            never repeated in memory).
+        causal: mask keys after each query; with ``Sq < Sk`` the diagonal is aligned to the end
+            (the queries are the last ``Sq`` tokens, as in KV-cache decoding).
+        scale: softmax scale τ, default ``D ** -0.5``.
+        window: sliding window: a query at position i sees keys j with ``i - j < window`` (and
+            ``j - i < window`` when not causal).
+        config: the recipe (:class:`FP8AttentionConfig`); default ``FP8AttentionConfig()``.
+        cu_seqlens_q, cu_seqlens_k: packed variable-length batch: ``B == 1`` and these int tensors
+            ``(n_seq + 1,)`` give each sequence's token range; sequences do not see each other.
+    Returns:
+        ``(B, Hq, Sq, D)`` in the input dtype.
+    """
+    _check_tensors(q, k, v)
+    _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k)
+    config = FP8AttentionConfig() if config is None else config
+    if not isinstance(config, FP8AttentionConfig):
+        raise TypeError(f"fp8_attention: config must be an FP8AttentionConfig, got {type(config).__name__}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"fp8_attention: scale must be a positive finite number, got {scale!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"fp8_attention: window must be a positive int or None, got {window!r}")
+    if causal and cu_seqlens_q is None and q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"fp8_attention: causal attention needs q_len <= kv_len (diagonal aligned to the end), "
+            f"got q_len={q.shape[2]}, kv_len={k.shape[2]}"
+        )
+    mask = MaskSpec(causal=bool(causal), window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return FP8AttentionFunction.apply(q, k, v, float(scale), mask, config)

@@ -1,0 +1,221 @@
+"""PyTorch emulation of the block-scaled FP8 attention recipe, forward and backward (DESIGN.md §2).
+
+This is the ground truth the Triton kernels are tested against and the path CPU users get. Every
+FP8 matmul is emulated as an fp32 matmul of fake-quantized operands (``dequantize(quantize(x))``):
+FP8 products are exact in fp32, so this equals a scaled FP8 MMA with fp32 accumulation up to the
+order of the fp32 additions. Scales are shared over the same tiles the kernels use
+(``config.block_q`` queries, ``config.block_k`` keys), tiles starting at each sequence's start.
+
+Shapes: q ``(B, Hq, Sq, D)``; k, v ``(B, Hkv, Sk, D)`` with ``Hq = G * Hkv`` (GQA: the G query heads
+of a kv head are folded into the query axis, so k and v are never repeated in memory); output
+``(B, Hq, Sq, D)`` in the input dtype, LSE ``(B, Hq, Sq)`` fp32 (``-inf`` for rows with no key).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig
+from .masking import MaskSpec, dense_mask
+from .quant import fake_quantize
+
+
+@dataclass
+class BackwardInternals:
+    """What the backward formed, for diagnostics. Shapes ``(B, Hkv, G, Sq, Sk)`` / ``(B, Hkv, G, Sq)``.
+
+    ``ds`` is the fp32 dS = P ∘ (dP − D) before it is quantized for the dQ/dK matmuls.
+    """
+
+    p: torch.Tensor
+    dp: torch.Tensor
+    delta: torch.Tensor
+    ds: torch.Tensor
+
+
+def _grouped(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """``(B, Hq, S, D)`` -> ``(B, Hkv, G, S, D)`` view (G query heads per kv head)."""
+    b, hq, s, d = x.shape
+    return x.reshape(b, n_kv_heads, hq // n_kv_heads, s, d)
+
+
+def _scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (B, Hkv, G, Sq, D) @ b (B, Hkv, Sk, D)ᵀ -> (B, Hkv, G, Sq, Sk)`` without repeating b."""
+    bsz, hkv, g, sq, d = a.shape
+    return (a.reshape(bsz, hkv, g * sq, d) @ b.transpose(-1, -2)).reshape(bsz, hkv, g, sq, b.shape[-2])
+
+
+def _rows_times(m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``m (B, Hkv, G, Sq, Sk) @ b (B, Hkv, Sk, D) -> (B, Hkv, G, Sq, D)``."""
+    bsz, hkv, g, sq, sk = m.shape
+    return (m.reshape(bsz, hkv, g * sq, sk) @ b).reshape(bsz, hkv, g, sq, b.shape[-1])
+
+
+def _cols_times(m: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``m (B, Hkv, G, Sq, Sk)ᵀ @ a (B, Hkv, G, Sq, D) -> (B, Hkv, Sk, D)``, summed over the G heads."""
+    bsz, hkv, g, sq, sk = m.shape
+    return m.reshape(bsz, hkv, g * sq, sk).transpose(-1, -2) @ a.reshape(bsz, hkv, g * sq, a.shape[-1])
+
+
+def _masked_logits(qs, ks, scale, causal, window) -> torch.Tensor:
+    """fp32 logits ``τ Q Kᵀ`` ``(B, Hkv, G, Sq, Sk)`` with invisible keys set to -inf."""
+    logits = _scores(qs, ks) * scale
+    mask = dense_mask(qs.shape[-2], ks.shape[-2], causal=causal, window=window, device=qs.device)
+    return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
+
+
+def _probabilities(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``exp(logits - lse)``, exactly 0 where a key is masked (also on rows with no key)."""
+    return torch.where(logits == float("-inf"), 0.0, torch.exp(logits - lse[..., None]))
+
+
+def _forward_p(logits: torch.Tensor, lse: torch.Tensor, config: FP8AttentionConfig) -> torch.Tensor:
+    """The forward's P as the PV matmul sees it: quantized per row within each key tile.
+
+    Within a key tile the codes are ``fp8(FMAX · exp(s − m_tile))`` with ``m_tile`` the row's maximum
+    logit in that tile, and the tile's row scale is ``exp(m_tile − LSE) / FMAX``. The codes do not
+    depend on the kernel's running maximum, so the kernel's online softmax reproduces them exactly.
+    """
+    fmt = config.p_format
+    bc = config.block_k
+    sk = logits.shape[-1]
+    n_tiles = -(-sk // bc)
+    padded = torch.nn.functional.pad(logits, (0, n_tiles * bc - sk), value=float("-inf"))
+    tiles = padded.reshape(*logits.shape[:-1], n_tiles, bc)
+    m_tile = tiles.amax(dim=-1, keepdim=True)
+    empty = m_tile == float("-inf")
+    codes = (fmt.max * torch.exp(tiles - torch.where(empty, 0.0, m_tile))).to(fmt.dtype)
+    tile_scale = torch.where(empty, 0.0, torch.exp(m_tile - lse[..., None, None]) / fmt.max)
+    return (codes.float() * tile_scale).reshape(padded.shape)[..., :sk]
+
+
+def _fq_row(x, fmt, config):
+    """Per-token quantization (scale constant along the head dim)."""
+    return fake_quantize(x, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales)
+
+
+def _dense_forward(q, k, v, scale, causal, window, config):
+    hkv = k.shape[1]
+    qs = _fq_row(_grouped(q, hkv), config.q_format, config)
+    ks = _fq_row(k, config.k_format, config)
+    vs = fake_quantize(v, dim=-2, block=config.block_k, fmt=config.v_format, pow2=config.pow2_scales)
+    logits = _masked_logits(qs, ks, scale, causal, window)
+    lse = torch.logsumexp(logits, dim=-1)
+    out = _rows_times(_forward_p(logits, lse, config), vs)
+    return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """The value a bf16 MMA operand holds, in fp32."""
+    return x.to(torch.bfloat16).float()
+
+
+def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want_internals):
+    hkv = k.shape[1]
+    qg, dog = _grouped(q, hkv), _grouped(dout, hkv)
+    fp8 = config.backward is BackwardPrecision.FP8
+    if fp8:
+        # B1 and B2: identical quantization to F1, so the logits are bit-identical to the forward's.
+        qs, ks = _fq_row(qg, config.q_format, config), _fq_row(k, config.k_format, config)
+        dp = _scores(_fq_row(dog, config.do_format, config), _fq_row(v, config.v_format, config))
+    else:
+        qs, ks = _bf16(qg), _bf16(k)
+        dp = _scores(_bf16(dog), _bf16(v))
+    logits = _masked_logits(qs, ks, scale, causal, window)
+    matched = config.delta is DeltaMode.MATCHED
+    # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
+    # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
+    lse_b = torch.logsumexp(logits, dim=-1) if matched else _grouped(lse[..., None], hkv)[..., 0]
+    p = _probabilities(logits, lse_b)
+    if matched:
+        delta = (p * dp).sum(dim=-1)
+    else:
+        delta = (dog.float() * _grouped(out, hkv).float()).sum(dim=-1)
+    ds = p * (dp - delta[..., None])
+    if fp8:
+        pow2, bq, bk = config.pow2_scales, config.block_q, config.block_k
+        # B3 dV = Pᵀ dO: contraction over queries -> per column / per channel within each query tile.
+        dv = _cols_times(
+            fake_quantize(p, dim=-2, block=bq, fmt=config.p_format, pow2=pow2),
+            fake_quantize(dog, dim=-2, block=bq, fmt=config.do_format, pow2=pow2),
+        )
+        # B4 dQ = dS K: contraction over keys -> per row of dS / per channel of K within each key tile.
+        dq = _rows_times(
+            fake_quantize(ds, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2),
+            fake_quantize(k, dim=-2, block=bk, fmt=config.k_format, pow2=pow2),
+        )
+        # B5 dK = dSᵀ Q: contraction over queries -> per column of dS / per channel of Q within a query tile.
+        dk = _cols_times(
+            fake_quantize(ds, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2),
+            fake_quantize(qg, dim=-2, block=bq, fmt=config.q_format, pow2=pow2),
+        )
+    else:
+        dv = _cols_times(_bf16(p), _bf16(dog))
+        dq = _rows_times(_bf16(ds), _bf16(k))
+        dk = _cols_times(_bf16(ds), _bf16(qg))
+    grads = ((dq * scale).reshape(q.shape).to(q.dtype), (dk * scale).to(k.dtype), dv.to(v.dtype))
+    internals = BackwardInternals(p=p, dp=dp, delta=delta, ds=ds) if want_internals else None
+    return grads, internals
+
+
+def emulated_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention forward. Returns ``out (B, Hq, Sq, D)`` (q's dtype) and ``lse (B, Hq, Sq)`` fp32.
+
+    With ``mask.is_varlen`` the batch must be 1 and the token axis holds the packed sequences;
+    tokens outside every sequence get output 0 and LSE -inf.
+    """
+    if not mask.is_varlen:
+        return _dense_forward(q, k, v, scale, mask.causal, mask.window, config)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+    for qs, qe, ks, ke in mask.sequence_bounds():
+        out[:, :, qs:qe], lse[:, :, qs:qe] = _dense_forward(
+            q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window, config
+        )
+    return out, lse
+
+
+def emulated_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    scale: float,
+    mask: MaskSpec,
+    config: FP8AttentionConfig,
+    return_internals: bool = False,
+):
+    """FP8 (or hybrid bf16) attention backward with the matched or stale delta.
+
+    Args:
+        q, k, v: the forward's inputs (shapes in the module docstring).
+        out: the forward output ``(B, Hq, Sq, D)``; only the stale delta reads it (None is fine
+            for ``delta="matched"``).
+        lse: the forward's LSE ``(B, Hq, Sq)`` fp32.
+        dout: ``(B, Hq, Sq, D)`` gradient of the output.
+    Returns:
+        ``(dq, dk, dv)`` in the inputs' dtypes, and with ``return_internals`` also a list of
+        :class:`BackwardInternals` (one per packed sequence; one entry for a dense batch).
+    """
+    if config.delta is DeltaMode.STALE and out is None:
+        raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
+    args = (scale, mask.causal, mask.window, config, return_internals)
+    if not mask.is_varlen:
+        grads, internals = _dense_backward(q, k, v, out, lse, dout, *args)
+        return (grads, [internals]) if return_internals else grads
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    all_internals = []
+    for qs, qe, ks, ke in mask.sequence_bounds():
+        sq, sk = slice(qs, qe), slice(ks, ke)
+        out_i = None if out is None else out[:, :, sq]
+        (dq[:, :, sq], dk[:, :, sk], dv[:, :, sk]), internals = _dense_backward(
+            q[:, :, sq], k[:, :, sk], v[:, :, sk], out_i, lse[:, :, sq], dout[:, :, sq], *args
+        )
+        all_internals.append(internals)
+    return ((dq, dk, dv), all_internals) if return_internals else (dq, dk, dv)
