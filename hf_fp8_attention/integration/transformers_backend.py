@@ -1,0 +1,259 @@
+"""The Transformers attention backends ``"fp8_delta"`` and ``"fp8_stale"``.
+
+Each name is registered twice, as Transformers requires for a backend that honours padding:
+
+- in ``AttentionMaskInterface`` a mask function returning ``None`` or the 2D padding mask
+  ``(B, kv_len)`` bool (Transformers' own ``flash_attention_mask``). A name with no mask function
+  would receive ``attention_mask=None`` always, silently losing padding. A dense 4D mask is no input
+  for a tiled kernel: causal, sliding window, padding and packing are all handled by the kernel
+  through its mask spec (dense causal/window, or varlen ``cu_seqlens``).
+- in ``AttentionInterface`` the attention function below: it turns padding (2D mask) and packing
+  (``cu_seq_lens_q/k`` kwargs, or ``position_ids`` restarting) into a varlen batch, runs
+  :func:`hf_fp8_attention.fp8_attention` (Triton kernels where available, else the PyTorch
+  emulation: see :func:`hf_fp8_attention.ops.select_backend`) and re-pads the output.
+
+Decode (``q_len < kv_len`` with a KV cache) runs the same FP8 forward with the causal diagonal
+aligned to the end of the keys; with padding (left-padded ``generate``) it goes through varlen.
+
+Anything the FP8 recipe cannot honour raises a clear error rather than being dropped: dropout,
+logit softcapping, attention sinks (``s_aux``), 4D or custom mask functions, chunked attention and
+unsupported head dims. ``output_attentions=True`` gets one warning and ``None`` weights (as sdpa).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, find_packed_sequence_indices, flash_attention_mask
+from transformers.utils import logging
+
+from ..config import RECIPES, FP8AttentionConfig
+from ..functional import fp8_attention
+from .varlen import pack, plan_varlen, unpack
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_BACKENDS = ("fp8_delta", "fp8_stale")
+_BUILTIN_NAMES = ("eager", "sdpa", "flex_attention", "paged|eager")
+_CONFIGS: dict[str, FP8AttentionConfig] = {}
+
+
+def fp8_padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Callable | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | None:
+    """Mask function for ``AttentionMaskInterface``: ``None`` or the 2D padding mask ``(B, kv_len)`` bool.
+
+    Causal structure and sliding windows are not encoded here; the attention function applies them
+    (from ``module.is_causal`` and the ``sliding_window`` kwarg). Transformers signals a custom mask
+    function (``or_mask_function`` / ``and_mask_function``, e.g. bidirectional image tokens) with
+    ``use_vmap=True``; such a pattern cannot be expressed as causal/window/padding/packing, so it raises.
+    """
+    if kwargs.get("use_vmap", False):
+        raise NotImplementedError(
+            "FP8 attention cannot apply this model's custom attention mask pattern (an or/and mask function, "
+            "e.g. bidirectional attention over image tokens); its kernels support causal, sliding-window, "
+            "padding and packed-sequence masks only. Use attn_implementation='sdpa' for this model."
+        )
+    kwargs.pop("use_vmap", None)
+    return flash_attention_mask(
+        batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs
+    )
+
+
+def _reject_unsupported(module: torch.nn.Module, head_dim: int, dropout: float, kwargs: dict) -> None:
+    """Raise for requests the FP8 recipe cannot honour; warn once for output_attentions."""
+    if dropout:
+        raise NotImplementedError(
+            f"FP8 attention does not implement attention dropout (got dropout={dropout}); set the model's "
+            "attention_dropout to 0.0 (e.g. config.attention_dropout = 0.0) or use attn_implementation='sdpa'"
+        )
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("FP8 attention does not support attention logit soft-capping (`softcap`)")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("FP8 attention does not support attention sinks (`s_aux`)")
+    if getattr(getattr(module, "config", None), "attention_chunk_size", None):
+        raise NotImplementedError("FP8 attention does not support chunked attention (config.attention_chunk_size)")
+    if kwargs.get("output_attentions", False):
+        logger.warning_once(
+            "FP8 attention does not compute attention weights: output_attentions=True returns None for them. "
+            "Use attn_implementation='eager' to inspect attention weights."
+        )
+
+
+def _padding_mask(attention_mask: torch.Tensor | None, kv_len: int) -> torch.Tensor | None:
+    """The 2D mask as ``(B, len)`` bool (``len <= kv_len``), or None when every token is valid."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"FP8 attention received a {attention_mask.dim()}-D attention mask of shape {tuple(attention_mask.shape)}; "
+            "it accepts only a 2D padding mask (batch, kv_len) and applies causal/window/packing itself. "
+            "Arbitrary custom 4D masks are not supported: use attn_implementation='sdpa' for them."
+        )
+    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
+        raise ValueError(
+            f"FP8 attention expects a bool/integer 2D padding mask (1 = token, 0 = padding), got dtype {attention_mask.dtype}"
+        )
+    if attention_mask.shape[1] > kv_len:
+        raise ValueError(
+            f"FP8 attention: the 2D attention mask covers {attention_mask.shape[1]} positions but there are only {kv_len} keys"
+        )
+    valid = attention_mask.bool()
+    return None if valid.shape[1] == kv_len and bool(valid.all()) else valid
+
+
+def _packed_segments(position_ids: torch.Tensor | None, batch: int, q_len: int) -> torch.Tensor | None:
+    """``(B, S)`` packed-sequence ids when ``position_ids`` restart within a row, else None."""
+    if position_ids is None:
+        return None
+    if position_ids.dim() != 2 or position_ids.shape[-1] != q_len:
+        logger.warning_once(
+            f"FP8 attention: position_ids of shape {tuple(position_ids.shape)} are not (batch, {q_len}); they are "
+            "not used to detect packed sequences (pass cu_seq_lens_q/k for packed batches)"
+        )
+        return None
+    return find_packed_sequence_indices(position_ids.expand(batch, -1))
+
+
+def _explicit_cu_seqlens(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None and cu_k is None:
+        return None
+    if cu_q is None or cu_k is None:
+        raise ValueError("FP8 attention: pass both cu_seq_lens_q and cu_seq_lens_k, or neither")
+    return cu_q.to(torch.int32), cu_k.to(torch.int32)
+
+
+def fp8_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    *,
+    fp8_config: FP8AttentionConfig,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """FP8 attention with Transformers' attention-function signature.
+
+    Args:
+        module: the attention module (read: ``is_causal``).
+        query: ``(B, Hq, Sq, D)``, any strides; key, value: ``(B, Hkv, Sk, D)`` (GQA not repeated).
+        attention_mask: None or the 2D padding mask ``(B, Sk)`` from :func:`fp8_padding_mask`.
+        dropout, scaling, is_causal: as for sdpa (dropout must be 0).
+        fp8_config: the recipe, bound at registration.
+        kwargs: ``sliding_window``, ``position_ids (B, Sq)``, ``cu_seq_lens_q/k`` (packed batches), ...
+    Returns:
+        ``(B, Sq, Hq, D)`` contiguous in the query dtype, and ``None`` (no attention weights).
+    """
+    batch, _, q_len, head_dim = query.shape
+    _reject_unsupported(module, head_dim, dropout, kwargs)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = kwargs.get("sliding_window")
+    window = int(window) if window is not None else None
+    call = dict(causal=causal, scale=scaling, window=window, config=fp8_config)
+
+    explicit = _explicit_cu_seqlens(kwargs)
+    if explicit is not None:
+        if attention_mask is not None:
+            raise ValueError("FP8 attention got both cu_seq_lens_q/k and a padding mask; pass one of them")
+        out = fp8_attention(query, key, value, cu_seqlens_q=explicit[0], cu_seqlens_k=explicit[1], **call)
+        return out.transpose(1, 2).contiguous(), None
+
+    valid = _padding_mask(attention_mask, key.shape[2])
+    segments = None
+    if valid is None:
+        segments = _packed_segments(kwargs.get("position_ids"), batch, q_len)
+        if segments is not None and q_len != key.shape[2]:
+            raise ValueError(
+                f"FP8 attention: position_ids restart inside a row (packed sequences) while q_len={q_len} differs from "
+                f"kv_len={key.shape[2]} (KV cache); packed sequences are supported without a cache only"
+            )
+    if valid is None and segments is None:
+        out = fp8_attention(query, key, value, **call)  # dense path: plain causal (+ window)
+        return out.transpose(1, 2).contiguous(), None
+
+    if valid is not None and valid.shape[1] < key.shape[2]:
+        # A static cache is longer than the tokens seen so far: its tail holds no keys yet.
+        key, value = key[:, :, : valid.shape[1]], value[:, :, : valid.shape[1]]
+    if valid is None:
+        valid = torch.ones(batch, key.shape[2], dtype=torch.bool, device=query.device)
+    plan = plan_varlen(valid.to(query.device), q_len, None if segments is None else segments.to(query.device))
+    if plan.has_holes and window is not None:
+        raise NotImplementedError(
+            "FP8 attention: the padding mask has holes inside a sequence and this layer uses a sliding window; "
+            "the window would count the removed positions differently from Transformers' mask. Use contiguous "
+            "(left or right) padding, or attn_implementation='sdpa'"
+        )
+    out = fp8_attention(
+        pack(query, plan.idx_q),
+        pack(key, plan.idx_k),
+        pack(value, plan.idx_k),
+        cu_seqlens_q=plan.cu_seqlens_q,
+        cu_seqlens_k=plan.cu_seqlens_k,
+        **call,
+    )
+    return unpack(out, plan.idx_q, batch, q_len), None
+
+
+def _bind(name: str, config: FP8AttentionConfig) -> Callable:
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        return fp8_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, fp8_config=config, **kwargs
+        )
+
+    attention.__name__ = attention.__qualname__ = f"fp8_attention_forward[{name}]"
+    attention.__doc__ = f"FP8 attention with the recipe registered as {name!r}: {config}"
+    return attention
+
+
+def register_fp8_attention(name: str, config: FP8AttentionConfig | str) -> str:
+    """Register an FP8 attention backend under ``name`` with Transformers; returns ``name``.
+
+    ``config`` is an :class:`FP8AttentionConfig` or the name of a recipe in :data:`RECIPES`.
+    Afterwards ``from_pretrained(..., attn_implementation=name)``, ``from_config(...)`` and
+    ``model.set_attn_implementation(name)`` use it. Re-registering a name replaces its recipe.
+    Example::
+
+        register_fp8_attention("fp8_delta_pow2", FP8AttentionConfig(pow2_scales=True))
+    """
+    if not isinstance(name, str) or not name or name.strip() != name:
+        raise ValueError(f"register_fp8_attention: name must be a non-empty string without surrounding spaces, got {name!r}")
+    if "flash" in name or "/" in name or ":" in name or name in _BUILTIN_NAMES:
+        raise ValueError(
+            f"register_fp8_attention: {name!r} is reserved by Transformers (names containing 'flash', '/' or ':' "
+            f"and the built-ins {_BUILTIN_NAMES} are treated specially); choose another name"
+        )
+    if isinstance(config, str):
+        config = FP8AttentionConfig.from_recipe(config)
+    if not isinstance(config, FP8AttentionConfig):
+        raise TypeError(f"register_fp8_attention: config must be an FP8AttentionConfig or recipe name, got {type(config).__name__}")
+    _CONFIGS[name] = config
+    AttentionMaskInterface.register(name, fp8_padding_mask)
+    AttentionInterface.register(name, _bind(name, config))
+    return name
+
+
+def registered_fp8_config(name: str) -> FP8AttentionConfig:
+    """The recipe registered under ``name`` (KeyError naming the known names otherwise)."""
+    try:
+        return _CONFIGS[name]
+    except KeyError:
+        raise KeyError(f"no FP8 attention backend named {name!r}; registered: {sorted(_CONFIGS)}") from None
+
+
+def register_default_backends() -> None:
+    """Register ``"fp8_delta"`` (the product) and ``"fp8_stale"`` (the ablation baseline)."""
+    for name in DEFAULT_BACKENDS:
+        register_fp8_attention(name, RECIPES[name])

@@ -1,0 +1,114 @@
+"""Turn a padded (and possibly packed) batch into one varlen batch, and back.
+
+The FP8 kernels take a dense causal/window mask or packed sequences delimited by
+``cu_seqlens`` (see :mod:`hf_fp8_attention.masking`); they never take a dense 4D mask. So padding
+and packing are expressed as varlen: every maximal run of valid tokens of one row that belongs to
+one packed sequence becomes one sequence of the varlen batch (the FlashAttention-2 approach).
+
+Queries are always the LAST ``q_len`` positions of the key axis (prefill: ``q_len == kv_len``;
+KV-cache decode / chunked prefill: ``q_len < kv_len``). Since every query token is also a key,
+the valid queries of a sequence are exactly its last valid keys, so the varlen rule "causal
+diagonal aligned to each sequence's end" reproduces per-position causal masking for any padding
+pattern (left, right, or holes).
+
+Why not ``transformers.modeling_flash_attention_utils._get_unpad_data`` / ``_pad_input``: they are
+private (underscore) helpers and cover padding only, not padding combined with per-row packing;
+the few tensor ops below do both and are tested in ``tests/test_integration_varlen.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    """Where each token of a padded batch goes in the packed varlen batch.
+
+    ``idx_q``: ``(Tq,)`` int64 indices into the flattened ``(B * q_len)`` query tokens.
+    ``idx_k``: ``(Tk,)`` int64 indices into the flattened ``(B * kv_len)`` key tokens.
+    ``cu_seqlens_q`` / ``cu_seqlens_k``: ``(n_seq + 1,)`` int32, starting at 0.
+    ``has_holes``: some sequence has a padded position between two of its valid tokens (its
+    packed token distances then differ from the padded ones, which matters for sliding windows).
+    """
+
+    batch: int
+    q_len: int
+    kv_len: int
+    idx_q: torch.Tensor
+    idx_k: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    has_holes: bool
+
+
+def _cumulative(counts: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` counts -> ``(n + 1,)`` int32 offsets starting at 0."""
+    return torch.nn.functional.pad(torch.cumsum(counts, 0, dtype=torch.int32), (1, 0))
+
+
+def plan_varlen(valid: torch.Tensor, q_len: int, segment_ids: torch.Tensor | None = None) -> VarlenPlan:
+    """Plan the varlen batch of a padded/packed batch.
+
+    Args:
+        valid: ``(B, kv_len)`` bool, True for real tokens (the 2D padding mask; all True if none).
+        q_len: number of queries per row; they are the last ``q_len`` key positions.
+        segment_ids: optional ``(B, kv_len)`` integer, non-decreasing along each row: tokens of one
+            row with different ids belong to different packed sequences (never see each other).
+    """
+    if valid.dim() != 2 or valid.dtype != torch.bool:
+        raise ValueError(f"plan_varlen: valid must be a 2-D bool tensor, got {valid.dtype} {tuple(valid.shape)}")
+    batch, kv_len = valid.shape
+    if not 0 < q_len <= kv_len:
+        raise ValueError(f"plan_varlen: q_len={q_len} must be in [1, kv_len={kv_len}]")
+    device = valid.device
+    rows = torch.arange(batch, device=device)[:, None]
+    seg = torch.zeros_like(valid, dtype=torch.long) if segment_ids is None else segment_ids.long()
+    if seg.shape != valid.shape:
+        raise ValueError(f"plan_varlen: segment_ids shape {tuple(seg.shape)} != valid shape {tuple(valid.shape)}")
+    # One key per (row, segment): segment ids lie in [0, kv_len], so row * (kv_len + 1) + seg is unique.
+    group_key = (rows * (kv_len + 1) + seg).reshape(-1)
+    idx_k = valid.reshape(-1).nonzero().squeeze(1)
+    keys = group_key[idx_k]
+    starts = torch.ones_like(keys, dtype=torch.bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    group = starts.cumsum(0) - 1  # (Tk,) sequence index of each valid key token
+    n_seq = int(group[-1]) + 1 if group.numel() else 0
+    # A hole: two consecutive valid tokens of one sequence that are not adjacent positions.
+    has_holes = bool(((idx_k[1:] - idx_k[:-1] != 1) & ~starts[1:]).any()) if idx_k.numel() > 1 else False
+    # Queries: the last q_len positions of each row; each inherits the sequence of its key position.
+    group_of_pos = torch.full((batch * kv_len,), -1, dtype=torch.long, device=device)
+    group_of_pos[idx_k] = group
+    q_group = group_of_pos.view(batch, kv_len)[:, kv_len - q_len :].reshape(-1)
+    idx_q = (q_group >= 0).nonzero().squeeze(1)
+    counts_q = torch.bincount(q_group[idx_q], minlength=n_seq)
+    counts_k = torch.bincount(group, minlength=n_seq)
+    return VarlenPlan(
+        batch=batch,
+        q_len=q_len,
+        kv_len=kv_len,
+        idx_q=idx_q,
+        idx_k=idx_k,
+        cu_seqlens_q=_cumulative(counts_q),
+        cu_seqlens_k=_cumulative(counts_k),
+        has_holes=has_holes,
+    )
+
+
+def pack(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``(B, H, S, D)`` -> ``(1, H, T, D)``: the tokens at ``indices`` of the flattened ``(B * S)`` axis."""
+    b, h, s, d = x.shape
+    tokens = x.transpose(1, 2).reshape(b * s, h, d).index_select(0, indices)  # (T, H, D)
+    return tokens.transpose(0, 1).unsqueeze(0)
+
+
+def unpack(x: torch.Tensor, indices: torch.Tensor, batch: int, seq_len: int) -> torch.Tensor:
+    """``(1, H, T, D)`` -> ``(B, S, H, D)``: scatter back; positions not in ``indices`` are 0.
+
+    Differentiable: the gradient flows to the packed tokens only (padding gets none).
+    """
+    _, h, _, d = x.shape
+    tokens = x.squeeze(0).transpose(0, 1)  # (T, H, D)
+    out = tokens.new_zeros(batch * seq_len, h, d).index_copy(0, indices, tokens)
+    return out.view(batch, seq_len, h, d)
