@@ -196,6 +196,9 @@ def fp8_attention_forward(
             "the window would count the removed positions differently from Transformers' mask. Use contiguous "
             "(left or right) padding, or attn_implementation='sdpa'"
         )
+    if plan.idx_q.numel() == 0:
+        # Every query is padding: attention contributes nothing (zeros, as for any padded query).
+        return query.new_zeros(batch, q_len, query.shape[1], value.shape[-1]), None
     out = fp8_attention(
         pack(query, plan.idx_q),
         pack(key, plan.idx_k),
