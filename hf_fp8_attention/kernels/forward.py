@@ -1,0 +1,304 @@
+"""Triton FP8 attention forward: S = QKᵀ and O = PV as FP8 MMAs with fp32 accumulation.
+
+Reference maths (what :func:`hf_fp8_attention.reference.emulated_forward` computes), per query row i
+and key tile T of ``BLOCK_N = config.block_k`` keys (tiles start at each sequence's start)::
+
+    Qc, sq = quant_row(Q)            Kc, sk = quant_row(K)            (per token, E4M3)
+    Vc, sv = quant_col_tile(V)       (per channel within each key tile)
+    s_ij   = τ · (Qc Kcᵀ)_ij · sq_i · sk_j                  (-inf where masked)
+    m_iT   = max_{j∈T} s_ij
+    C_ij   = fp8(448 · exp(s_ij − m_iT))                  (P codes, independent of the running max)
+    LSE_i  = log Σ_j exp(s_ij)
+    O_i    = Σ_T exp(m_iT − LSE_i)/448 · Σ_{j∈T} C_ij · Vc_jc · sv_Tc
+
+The kernel runs an online softmax in base 2 (τ·log2 e folded into the Q scale):
+
+    m_new = max(m, m_T);  α = 2^(m − m_new);  β = 2^(m_T − m_new)
+    l     = α·l + β·Σ_j 2^(s_j − m_T)
+    acc   = α·acc + (C @ Vc) · β/448 · sv_T
+    O     = acc / l,  LSE = ln2 · (m + log2 l)
+
+Since the codes C depend only on the tile's own max, they equal the emulation's up to the rounding
+of exp, and the kernel matches the emulation to accumulation-order noise. Rows with no visible key
+give O = 0, LSE = -inf. Key tiles that no row of a query tile can see are never visited; tiles
+fully visible to every row skip the mask arithmetic.
+
+Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel (each Q tile is loaded once);
+K codes ``(B, Hkv, Sk, DP)`` fp8 + scales ``(B, Hkv, Sk)``; Vᵀ codes ``(B, Hkv, DP, Sk_pad)`` fp8 +
+scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv head h // G.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import FP8AttentionConfig
+from ..masking import MaskSpec
+from .quantize import cast_meta, fp8_cast, padded_head_dim, quantize_operand, scale_from_amax, to_fp8
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _visit_tiles(
+    acc, l_i, m_i, q_codes, q_scale2, pos_q,
+    k_base, ks_base, vt_base, vs_base, S_PAD,
+    t_lo, t_hi, kv_len, window,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_FMAX: tl.constexpr,
+    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr,
+):
+    """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m); mask only if MASKED."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    for t in range(t_lo, t_hi):
+        offs_n = t * BLOCK_N + offs_n0
+        # K tile viewed (D, N): memory contiguous along D = K-major B operand of QKᵀ.
+        k_ptrs = k_base + offs_n[None, :].to(tl.int64) * BLOCK_D + offs_d[:, None]
+        # Vᵀ stored (D, S_pad): the (N, D) view is contiguous along N = K-major B operand of PV.
+        v_ptrs = vt_base + offs_d[None, :].to(tl.int64) * S_PAD + offs_n[:, None]
+        if MASKED:
+            n_ok = offs_n < kv_len
+            k_codes = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
+            k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
+            v_codes = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            k_codes = tl.load(k_ptrs)
+            k_scale = tl.load(ks_base + offs_n)
+            v_codes = tl.load(v_ptrs)
+        v_scale = tl.load(vs_base + t * BLOCK_D + offs_d)
+        s = tl.dot(q_codes, k_codes) * q_scale2[:, None] * k_scale[None, :]  # log2 units
+        if MASKED:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= pos_q[:, None])
+            if HAS_WINDOW:
+                visible = visible & (pos_q[:, None] - offs_n[None, :] < window)
+                if not CAUSAL:
+                    visible = visible & (offs_n[None, :] - pos_q[:, None] < window)
+            s = tl.where(visible, s, float("-inf"))
+        m_t = tl.max(s, 1)
+        m_new = tl.maximum(m_i, m_t)
+        if MASKED:
+            # Rows with no visible key so far: keep every exponent finite (2^-inf = 0, never NaN).
+            m_t_ref = tl.where(m_t == float("-inf"), 0.0, m_t)
+            m_new_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_t_ref = m_t
+            m_new_ref = m_new
+        p = tl.math.exp2(s - m_t_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_new_ref)
+        beta = tl.math.exp2(m_t - m_new_ref)
+        l_i = l_i * alpha + beta * tl.sum(p, 1)
+        p_codes = fp8_cast(p * P_FMAX, k_codes.dtype, P_MANT, P_SUB_MAGIC, P_SUB_MIN)  # 0 <= p <= 1: no clamp
+        pv = tl.dot(p_codes, v_codes)
+        acc = acc * alpha[:, None] + pv * (beta * (1.0 / P_FMAX))[:, None] * v_scale[None, :]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(
+    q_ptr, sqb, sqh, sqs, sqd,
+    k_codes_ptr, k_scales_ptr, vt_codes_ptr, v_scales_ptr,
+    out_ptr, sob, soh, sos, sod,
+    lse_ptr,
+    cu_q_ptr, cu_k_ptr, tile_off_ptr,
+    HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
+    Q_FMAX: tl.constexpr, P_FMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
+    Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
+    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr,
+):
+    """One program per (query tile, batch·query head). qk_scale = τ·log2 e."""
+    n_m = tl.num_programs(0)
+    # Heaviest (last, under a causal mask) query tiles first: better tail balance.
+    m_blk = n_m - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    hk = h // (HQ // HKV)
+    if IS_VARLEN:
+        q_start = tl.load(cu_q_ptr + b)
+        q_len = tl.load(cu_q_ptr + b + 1) - q_start
+        k_start = tl.load(cu_k_ptr + b)
+        kv_len = tl.load(cu_k_ptr + b + 1) - k_start
+        slot0 = tl.load(tile_off_ptr + b)
+        bb = b * 0
+    else:
+        q_start = 0
+        q_len = SQ
+        k_start = 0
+        kv_len = SK
+        slot0 = 0
+        bb = b
+    if m_blk * BLOCK_M >= q_len:
+        return
+    bb = bb.to(tl.int64)
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < D
+    tok_q = (q_start + offs_m).to(tl.int64)
+
+    # Q tile -> per-token FP8 codes and scales (τ·log2 e folded into the scale).
+    q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
+    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q_scale = scale_from_amax(tl.max(tl.abs(q), axis=1), Q_FMAX, POW2)
+    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN)
+    q_scale2 = q_scale * qk_scale
+
+    # Query i sits at key position i + kv_len - q_len (causal diagonal aligned to the end).
+    shift = kv_len - q_len
+    pos_q = offs_m + shift
+    pos_lo = m_blk * BLOCK_M + shift
+    pos_hi = tl.minimum(m_blk * BLOCK_M + BLOCK_M, q_len) - 1 + shift
+    # Keys any row of this tile may see: [key_lo, key_hi). Keys every row sees: [full_lo, full_hi).
+    key_lo = 0
+    key_hi = kv_len
+    full_lo = 0
+    full_hi = kv_len
+    if CAUSAL:
+        key_hi = tl.minimum(key_hi, pos_hi + 1)
+        full_hi = tl.minimum(full_hi, pos_lo + 1)
+    if HAS_WINDOW:
+        key_lo = tl.maximum(key_lo, pos_lo - window + 1)
+        full_lo = tl.maximum(full_lo, pos_hi - window + 1)
+        if not CAUSAL:
+            key_hi = tl.minimum(key_hi, pos_hi + window)
+            full_hi = tl.minimum(full_hi, pos_lo + window)
+    t_lo = tl.maximum(key_lo, 0) // BLOCK_N
+    t_hi = tl.maximum(tl.cdiv(tl.maximum(key_hi, 0), BLOCK_N), t_lo)
+    f_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(full_lo, 0), BLOCK_N), t_lo), t_hi)
+    f_hi = tl.minimum(tl.maximum(tl.maximum(full_hi, 0) // BLOCK_N, f_lo), t_hi)
+
+    bhk = bb * HKV + hk
+    k_base = k_codes_ptr + (bhk * SK + k_start) * BLOCK_D
+    ks_base = k_scales_ptr + bhk * SK + k_start
+    vt_base = vt_codes_ptr + bhk * BLOCK_D * S_PAD + k_start
+    vs_base = v_scales_ptr + (bhk * NT + slot0) * BLOCK_D
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
+    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
+                                 S_PAD, t_lo, f_lo, kv_len, window,
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
+                                 S_PAD, f_lo, f_hi, kv_len, window,
+                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
+                                 S_PAD, f_hi, t_hi, kv_len, window,
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+
+    empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
+
+
+def _autotune_configs():
+    """BLOCK_M x num_warps x num_stages; BLOCK_N is fixed by the recipe (config.block_k)."""
+    return [
+        triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st)
+        for bm in (64, 128)
+        for w in (4, 8)
+        for st in (2, 3, 4)
+        if not (bm == 64 and w == 8)  # 64 rows over 2 warpgroups wastes the second one
+    ]
+
+
+_fwd_kernel_tuned = triton.autotune(
+    configs=_autotune_configs(),
+    key=["BLOCK_N", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "IS_VARLEN", "POW2"],
+)(_fwd_kernel)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: MaskSpec,
+    config: FP8AttentionConfig,
+    block_m: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
+
+    Args:
+        q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``, D in {64, 96, 128}.
+        mask: causal / window / varlen (``B == 1``, int32 cu_seqlens) as in :mod:`..masking`.
+        block_m: fix the query tile (skips autotuning; used under the interpreter and in tests).
+    Returns:
+        ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
+    """
+    bsz, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    bn = config.block_k
+    varlen = mask.is_varlen
+    max_q = max_k = None
+    if varlen:
+        # One host sync per call; the custom op hides it from torch.compile.
+        lens_q = mask.cu_seqlens_q[1:] - mask.cu_seqlens_q[:-1]
+        lens_k = mask.cu_seqlens_k[1:] - mask.cu_seqlens_k[:-1]
+        max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
+    k_codes, k_scales, _, _, _ = quantize_operand(
+        k, row=True, col=False, block=bn, row_format=config.k_format, pow2=config.pow2_scales,
+        cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
+    )
+    _, _, vt_codes, v_scales, tile_off = quantize_operand(
+        v, row=False, col=True, block=bn, col_format=config.v_format, pow2=config.pow2_scales,
+        cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
+    )
+    if varlen:
+        out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
+        lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        cu_q, cu_k = mask.cu_seqlens_q.to(torch.int32), mask.cu_seqlens_k.to(torch.int32)
+        n_prog1 = (cu_q.numel() - 1) * hq
+        rows = max_q
+    else:
+        out = torch.empty(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
+        lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device)
+        cu_q = cu_k = tile_off = q  # dummies, never read
+        n_prog1 = bsz * hq
+        rows = sq
+    window = -1 if mask.window is None else int(mask.window)
+    args = (
+        q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, out, *out.stride(), lse,
+        cu_q, cu_k, tile_off, hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
+        float(scale) * LOG2E, window,
+    )
+    meta = dict(
+        BLOCK_N=bn, BLOCK_D=padded_head_dim(d), CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None,
+        IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max, P_FMAX=config.p_format.max,
+        Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"), **cast_meta(config.p_format, "P"),
+    )
+    if max(rows, 0) == 0:
+        return out, lse
+    if block_m is None and _interpreting():
+        block_m = 16
+    if block_m is not None:
+        grid = (triton.cdiv(rows, block_m), n_prog1)
+        _fwd_kernel[grid](*args, BLOCK_M=block_m, **meta, num_warps=4 if block_m >= 64 else 1)
+    else:
+        grid = lambda m: (triton.cdiv(rows, m["BLOCK_M"]), n_prog1)  # noqa: E731
+        _fwd_kernel_tuned[grid](*args, **meta)
+    return out, lse
+
+
+__all__ = ["LOG2E", "triton_forward"]

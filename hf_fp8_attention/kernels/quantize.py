@@ -1,0 +1,227 @@
+"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2), one read of the input.
+
+For a tensor ``x (B, H, S, D)`` (bf16/fp16/fp32, any strides) one launch can emit both copies the
+FP8 matmuls need:
+
+- the **row-wise** copy (one scale per token, amax over the head dim), laid out ``(B, H, S, DP)``
+  with ``DP = next_pow2(D)`` (zero codes in the padded channels): the K-major operand of every
+  matmul that contracts over the head dim (QKᵀ, dO Vᵀ);
+- the **channel-wise** copy (one scale per channel within each tile of ``block`` tokens, tiles
+  starting at every sequence start), emitted *transposed* as ``(B, H, DP, S_pad)`` so that the
+  matmuls contracting over tokens (P V, Pᵀ dO, ...) read a K-major operand, as Hopper's FP8 MMA
+  requires.
+
+Reference maths (same as :func:`hf_fp8_attention.quant.quantize`)::
+
+    scale = amax(|block|) / FMT_MAX          (rounded up to a power of two with pow2; 1 if amax == 0)
+    code  = fp8_rne(clamp(x / scale, -FMT_MAX, FMT_MAX))
+
+The division is IEEE round-to-nearest (``div_rn``), as PyTorch's, so on a GPU with a saturating
+round-to-nearest-even FP8 conversion the codes and scales equal the emulation's bit for bit.
+NaN/Inf in a block give a non-finite scale, so the block dequantizes to NaN/Inf, never to garbage.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import FP8Format
+
+_TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
+
+
+@triton.jit
+def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
+    """fp32 block scale from its fp32 amax: amax / FMAX (pow2: rounded up), 1 where amax == 0."""
+    scale = tl.math.div_rn(amax, FMAX)
+    if POW2:
+        # Round up to a power of two through the bits: exact, unlike exp2(ceil(log2(s))) with
+        # approximate log2. Non-finite scales (NaN/Inf) are kept as they are.
+        bits = scale.to(tl.int32, bitcast=True)
+        expo = bits & 0x7F800000
+        up = tl.where((bits & 0x007FFFFF) != 0, expo + 0x00800000, expo)
+        scale = tl.where(scale < float("inf"), up.to(tl.float32, bitcast=True), scale)
+    return tl.where(amax == 0.0, 1.0, scale)
+
+
+@triton.jit
+def fp8_cast(y, DTYPE: tl.constexpr, ROUND_MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr):
+    """fp32 ``y`` (already within ±FMAX) -> fp8, rounding to nearest even.
+
+    On GPUs the conversion instruction rounds to nearest even. The Triton interpreter's conversion
+    does not (ties and mantissa carries go wrong), so with ``ROUND_MANT > 0`` (set only when
+    interpreting) ``y`` is first rounded onto the fp8 grid in fp32 — normal range by the
+    integer-add trick on the bits, subnormal range (|y| < SUB_MIN) by adding and removing
+    SUB_MAGIC — after which the conversion is exact.
+    """
+    if ROUND_MANT > 0:
+        drop: tl.constexpr = 23 - ROUND_MANT
+        bits = y.to(tl.int32, bitcast=True)
+        lsb = (bits >> drop) & 1
+        rounded = ((bits + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)).to(tl.float32, bitcast=True)
+        a = tl.abs(y)
+        sub = (a + SUB_MAGIC) - SUB_MAGIC
+        sub = tl.where(y < 0, -sub, sub)
+        y = tl.where(a < SUB_MIN, sub, rounded)
+    return y.to(DTYPE, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, ROUND_MANT: tl.constexpr, SUB_MAGIC: tl.constexpr,
+           SUB_MIN: tl.constexpr):
+    """fp8 codes of fp32 ``x / scale`` (IEEE division), clamped to ±FMAX with NaN kept."""
+    y = tl.math.div_rn(x, scale)
+    y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
+    return fp8_cast(y, DTYPE, ROUND_MANT, SUB_MAGIC, SUB_MIN)
+
+
+def cast_meta(fmt: FP8Format, prefix: str) -> dict:
+    """Constexprs of :func:`fp8_cast` for ``fmt``: explicit rounding only under the interpreter."""
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    mant, emin = (3, -6) if fmt is FP8Format.E4M3 else (2, -14)
+    return {
+        f"{prefix}_MANT": mant if interp else 0,
+        f"{prefix}_SUB_MAGIC": 2.0 ** (23 + emin - mant),  # adding it leaves a multiple of the subnormal step
+        f"{prefix}_SUB_MIN": 2.0 ** emin,
+    }
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, sxb, sxh, sxs, sxd,
+    row_codes_ptr, row_scales_ptr,  # (B, H, S, DP), (B, H, S)
+    col_codes_ptr, col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
+    cu_ptr, tile_off_ptr,  # varlen: (n_seq + 1,) token offsets, (n_seq,) first tile slot of each sequence
+    H, S, D, S_PAD, NT,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, IS_VARLEN: tl.constexpr,
+    ROW_FMAX: tl.constexpr, COL_FMAX: tl.constexpr, ROW_DTYPE: tl.constexpr, COL_DTYPE: tl.constexpr,
+    ROW_MANT: tl.constexpr, ROW_SUB_MAGIC: tl.constexpr, ROW_SUB_MIN: tl.constexpr,
+    COL_MANT: tl.constexpr, COL_SUB_MAGIC: tl.constexpr, COL_SUB_MIN: tl.constexpr,
+):
+    """One program per (tile of BLOCK_S tokens of one sequence, batch·head)."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    if IS_VARLEN:
+        start = tl.load(cu_ptr + b)
+        length = tl.load(cu_ptr + b + 1) - start
+        slot = tl.load(tile_off_ptr + b) + tile
+        bb = b * 0
+    else:
+        start = 0
+        length = S
+        slot = tile
+        bb = b
+    if tile * BLOCK_S >= length:
+        return
+    bb = bb.to(tl.int64)
+    offs_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)  # position within the sequence
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = start + offs_s  # position on the (packed) token axis
+    s_ok = offs_s < length
+    d_ok = offs_d < D
+    x_ptrs = x_ptr + bb * sxb + h * sxh + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
+    x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    bhi = bb * H + h
+    if ROW:
+        r_scale = scale_from_amax(tl.max(tl.abs(x), axis=1), ROW_FMAX, POW2)
+        r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN)
+        tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
+        r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
+        tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
+    if COL:
+        c_scale = scale_from_amax(tl.max(tl.abs(x), axis=0), COL_FMAX, POW2)
+        c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN)
+        tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + offs_d, c_scale)
+        c_ptrs = col_codes_ptr + (bhi * BLOCK_D + offs_d[None, :]) * S_PAD + tok[:, None]
+        tl.store(c_ptrs, c_codes, mask=s_ok[:, None])
+
+
+def padded_head_dim(d: int) -> int:
+    """The head dim the kernels compute with (a power of two: 64 -> 64, 96 -> 128, 128 -> 128)."""
+    return triton.next_power_of_2(d)
+
+
+def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tuple[torch.Tensor | None, int]:
+    """Where each sequence's tiles start in the tile-scale arrays, and how many slots to allocate.
+
+    Dense: tile ``t`` is slot ``t`` (``ceil(S / block)`` slots). Varlen: sequence ``i``'s tiles are
+    slots ``tile_off[i] + t`` (exclusive cumsum of ``ceil(len_i / block)``, computed on the device
+    without a sync); ``S // block + n_seq`` slots always suffice (each
+    sequence adds at most one partial tile).
+    """
+    if cu_seqlens is None:
+        return None, triton.cdiv(max(seq_len, 1), block)
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
+    n_tiles = (lens + block - 1) // block
+    tile_off = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
+    return tile_off, seq_len // block + cu_seqlens.numel() - 1
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    *,
+    row: bool,
+    col: bool,
+    block: int,
+    row_format: FP8Format = FP8Format.E4M3,
+    col_format: FP8Format = FP8Format.E4M3,
+    pow2: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+):
+    """Row-wise and/or transposed channel-wise FP8 copies of ``x``, in one pass over it.
+
+    Args:
+        x: ``(B, H, S, D)`` bf16/fp16/fp32, any strides. Varlen: ``B == 1``, packed token axis.
+        row / col: which copies to emit.
+        block: tokens per channel-wise tile (tiles start at every sequence start).
+        cu_seqlens: int32 ``(n_seq + 1,)`` for packed batches, with ``max_seqlen`` its longest length.
+    Returns:
+        ``(row_codes (B, H, S, DP) | None, row_scales (B, H, S) fp32 | None,
+        col_codes_t (B, H, DP, S_pad) | None, col_scales (B, H, NT, DP) fp32 | None, tile_off | None)``
+        with ``DP = padded_head_dim(D)``, ``S_pad`` = S rounded up to 16 (pad columns are zero),
+        ``NT`` tile slots (see :func:`tile_slots`); padded channels hold zero codes and scale 1.
+    """
+    bsz, heads, seq, d = x.shape
+    dp = padded_head_dim(d)
+    dev = x.device
+    varlen = cu_seqlens is not None
+    tile_off, n_slots = tile_slots(cu_seqlens, seq, block)
+    s_pad = triton.cdiv(max(seq, 1), 16) * 16  # 16-byte aligned rows of the transposed copy
+    row_codes = torch.empty(bsz, heads, seq, dp, dtype=row_format.dtype, device=dev) if row else None
+    row_scales = torch.empty(bsz, heads, seq, dtype=torch.float32, device=dev) if row else None
+    col_codes = torch.empty(bsz, heads, dp, s_pad, dtype=col_format.dtype, device=dev) if col else None
+    col_scales = None
+    if col:
+        if s_pad > seq:
+            col_codes[..., seq:].zero_()
+        # Slots no tile writes (varlen slack, padded channels) must still hold a finite scale.
+        col_scales = torch.ones(bsz, heads, n_slots, dp, dtype=torch.float32, device=dev)
+    if varlen:
+        n_seq = cu_seqlens.numel() - 1
+        max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        grid = (triton.cdiv(max(max_len, 1), block), n_seq * heads)
+        cu = cu_seqlens.to(torch.int32)
+    else:
+        grid = (triton.cdiv(max(seq, 1), block), bsz * heads)
+        cu = None
+    dummy = x  # never read when the matching constexpr is off
+    _quantize_kernel[grid](
+        x, *x.stride(),
+        row_codes if row else dummy, row_scales if row else dummy,
+        col_codes if col else dummy, col_scales if col else dummy,
+        cu if varlen else dummy, tile_off if varlen else dummy,
+        heads, seq, d, s_pad, n_slots,
+        BLOCK_S=block, BLOCK_D=dp, ROW=row, COL=col, POW2=pow2, IS_VARLEN=varlen,
+        ROW_FMAX=row_format.max, COL_FMAX=col_format.max,
+        ROW_DTYPE=_TL_FP8[row_format], COL_DTYPE=_TL_FP8[col_format],
+        **cast_meta(row_format, "ROW"), **cast_meta(col_format, "COL"),
+        num_warps=4,
+    )
+    return row_codes, row_scales, col_codes, col_scales, tile_off
