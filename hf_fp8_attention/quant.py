@@ -4,7 +4,8 @@ A tensor is cut into blocks of ``block`` consecutive elements along one axis (th
 be shorter); each block gets one fp32 scale ``amax(|block|) / FMT_MAX`` (optionally rounded up to a
 power of two) and its elements are stored as ``fp8(x / scale)``, saturated to ±FMT_MAX.
 
-- amax = 0 gives scale 1 (codes are all zero), never a division by zero.
+- amax = 0 gives scale 1 (codes are all zero), never a division by zero; a non-zero amax so small
+  that amax / FMT_MAX underflows gets the smallest normal fp32 scale.
 - NaN and ±Inf are never turned into finite values: a block holding one gets a non-finite scale,
   so every element of that block dequantizes to NaN/Inf. (PyTorch's own cast maps Inf to 448 in
   E4M3; we never let it see one.)
@@ -36,9 +37,16 @@ def _blocked_view(x: torch.Tensor, dim: int, block: int | None) -> tuple[torch.T
     return x.reshape(shape[:dim] + [n_blocks, block] + shape[dim + 1 :]), length
 
 
+_FP32_TINY = torch.finfo(torch.float32).tiny
+
+
 def compute_scales(amax: torch.Tensor, fmt: FP8Format, pow2: bool) -> torch.Tensor:
-    """fp32 scales from block maxima: amax / FMT_MAX, 1 where amax == 0, NaN/Inf kept."""
-    scale = amax.float() / fmt.max
+    """fp32 scales from block maxima: amax / FMT_MAX, 1 where amax == 0, NaN/Inf kept.
+
+    A tiny but non-zero amax (below FMT_MAX · 2^-126, e.g. a far-tail dS block) would underflow the
+    scale to 0 and turn the block into NaN; the scale is floored at the smallest normal fp32 instead.
+    """
+    scale = (amax.float() / fmt.max).clamp_min(_FP32_TINY)  # clamp_min keeps NaN
     if pow2:
         # Round up so that amax / scale <= FMT_MAX still holds; exp2(ceil(log2(inf))) stays inf.
         scale = torch.exp2(torch.ceil(torch.log2(scale)))

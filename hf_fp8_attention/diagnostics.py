@@ -1,0 +1,100 @@
+"""Measure the stale-delta bias and the FP8 error of one attention call (DESIGN.md §1).
+
+Two views of the same defect:
+
+- **Zero-row-sum residual** (inside): exact softmax gradients satisfy Σ_j dS_ij = 0. Per query
+  row we report |Σ_j dS_ij| / Σ_j P_ij |dP_ij|, with dS, P, dP the fp32 values the backward formed
+  before quantizing dS. The denominator is the natural size of the row's terms, so the ratio is
+  meaningful even when a row's gradient is tiny; rows with no visible key (denominator 0) are left out.
+- **Key-shift residual** (outside): exact attention is invariant to adding one vector to every key,
+  so Σ_j dK_j = 0 per (batch, kv head). We report ‖Σ_j dK_j‖ / ‖Σ_j |dK_j|‖.
+
+Plus the relative error ‖x − x_exact‖ / ‖x_exact‖ of O, dQ, dK, dV against float64 attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import reference
+from .config import FP8AttentionConfig
+from .exact import exact_attention_grads
+from .masking import MaskSpec
+
+
+@dataclass
+class DiagnosticsReport:
+    """Results of :func:`diagnose`.
+
+    ``row_sum_residual``: float64 ``(n_valid_rows,)``; ``key_shift_residual``: float;
+    ``rel_err``: ``{"out", "dq", "dk", "dv"}`` -> float relative error against float64 attention.
+    """
+
+    row_sum_residual: torch.Tensor
+    key_shift_residual: float
+    rel_err: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median_row_sum_residual(self) -> float:
+        return float(self.row_sum_residual.median()) if self.row_sum_residual.numel() else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        """Flat dict of the headline numbers (for tables and logs)."""
+        return {
+            "row_sum_residual_median": self.median_row_sum_residual,
+            "row_sum_residual_max": float(self.row_sum_residual.max()) if self.row_sum_residual.numel() else float("nan"),
+            "key_shift_residual": self.key_shift_residual,
+            **{f"rel_err_{k}": v for k, v in self.rel_err.items()},
+        }
+
+
+def row_sum_residual(internals: list[reference.BackwardInternals]) -> torch.Tensor:
+    """Per valid row |Σ_j dS_ij| / Σ_j P_ij |dP_ij| (float64, flattened over all heads/sequences)."""
+    parts = []
+    for it in internals:
+        num = it.ds.double().sum(dim=-1).abs()
+        den = (it.p.double() * it.dp.double().abs()).sum(dim=-1)
+        parts.append((num / den)[den > 0])
+    return torch.cat([p.flatten() for p in parts])
+
+
+def key_shift_residual(dk: torch.Tensor) -> float:
+    """‖Σ_j dK_j‖ / ‖Σ_j |dK_j|‖ for ``dk (B, Hkv, Sk, D)``, pooled over batch and heads."""
+    dk = dk.double()
+    return float(dk.sum(dim=-2).norm() / dk.abs().sum(dim=-2).norm())
+
+
+def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def diagnose(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    *,
+    config: FP8AttentionConfig | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    window: int | None = None,
+) -> DiagnosticsReport:
+    """Run the emulated FP8 forward and backward once and measure them.
+
+    Args:
+        q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)``; dout: like q. Any float dtype and device
+            (the emulation runs wherever the tensors are; its memory is O(B·Hq·Sq·Sk) fp32).
+    """
+    config = config or FP8AttentionConfig()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mask = MaskSpec(causal=causal, window=window)
+    out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+    (dq, dk, dv), internals = reference.emulated_backward(
+        q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, return_internals=True
+    )
+    exact = exact_attention_grads(q, k, v, dout, scale=scale, mask=mask)
+    rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), exact)}
+    return DiagnosticsReport(
+        row_sum_residual=row_sum_residual(internals), key_shift_residual=key_shift_residual(dk), rel_err=rel
+    )

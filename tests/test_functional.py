@@ -1,0 +1,100 @@
+"""fp8_attention's input checks: every bad input names what is wrong."""
+import pytest
+import torch
+
+from hf_fp8_attention import FP8AttentionConfig, fp8_attention
+
+from helpers import make_qkv
+
+
+def _qkv(**kwargs):
+    return make_qkv(sq=16, **kwargs)[:3]
+
+
+def test_output_layout_dtype_and_default_scale():
+    q, k, v = _qkv(hq=4, hkv=1)
+    out = fp8_attention(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.equal(out, fp8_attention(q, k, v, scale=64**-0.5))
+    assert not torch.equal(out, fp8_attention(q, k, v, scale=0.5))
+
+
+@pytest.mark.parametrize(
+    "mutate, error, message",
+    [
+        (lambda q, k, v: (q.float(), k, v), TypeError, "q, k, v must share a dtype"),
+        (lambda q, k, v: (q.to(torch.int32), k, v), TypeError, "q has dtype torch.int32"),
+        (lambda q, k, v: (q, k.double(), v.double()), TypeError, "k has dtype torch.float64"),
+        (lambda q, k, v: (q[0], k, v), ValueError, "q must be 4-D"),
+        (lambda q, k, v: (q, k, v[:, :, :8]), ValueError, "k and v must have the same shape"),
+        (lambda q, k, v: (q, k[:, :, :, :32], v[:, :, :, :32]), ValueError, "head dims differ"),
+        (lambda q, k, v: (q.expand(2, -1, -1, -1), k, v), ValueError, "batch sizes differ"),
+        (lambda q, k, v: (q[:, :3], k, v), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
+        (lambda q, k, v: (q[..., :32], k[..., :32], v[..., :32]), ValueError, "head_dim 32 is not supported"),
+        (lambda q, k, v: (q, k, "v"), TypeError, "v must be a torch.Tensor"),
+    ],
+)
+def test_bad_tensors(mutate, error, message):
+    with pytest.raises(error, match=message):
+        fp8_attention(*mutate(*_qkv()))
+
+
+def test_devices_must_match():
+    q, k, v = _qkv()
+    meta_k = k.to("meta")
+    with pytest.raises(ValueError, match="must be on one device"):
+        fp8_attention(q, meta_k, v)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"scale": -1.0}, ValueError, "scale must be a positive finite number"),
+        ({"scale": float("nan")}, ValueError, "scale must be a positive finite number"),
+        ({"window": 0}, ValueError, "window must be a positive int"),
+        ({"window": 2.5}, ValueError, "window must be a positive int"),
+        ({"config": {"delta": "matched"}}, TypeError, "config must be an FP8AttentionConfig"),
+    ],
+)
+def test_bad_options(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        fp8_attention(*_qkv(), **kwargs)
+
+
+def test_causal_needs_q_len_at_most_kv_len():
+    q, k, v, _ = make_qkv(sq=20, sk=10)
+    with pytest.raises(ValueError, match="q_len <= kv_len"):
+        fp8_attention(q, k, v, causal=True)
+    assert fp8_attention(q, k, v).shape == q.shape  # non-causal cross attention is fine
+
+
+@pytest.mark.parametrize(
+    "cu_q, cu_k, message",
+    [
+        ([0, 8, 16], None, "pass both cu_seqlens_q and cu_seqlens_k"),
+        ([1, 8, 16], [0, 8, 16], "cu_seqlens_q must start at 0"),
+        ([0, 9, 8], [0, 8, 16], "non-decreasing"),
+        ([0, 8, 17], [0, 8, 16], "end at most at the token count 16"),
+        ([0, 16], [0, 8, 16], "same number of sequences"),
+    ],
+)
+def test_bad_cu_seqlens(cu_q, cu_k, message):
+    q, k, v = _qkv()
+    as_t = lambda c: None if c is None else torch.tensor(c, dtype=torch.int32)  # noqa: E731
+    with pytest.raises(ValueError, match=message):
+        fp8_attention(q, k, v, cu_seqlens_q=as_t(cu_q), cu_seqlens_k=as_t(cu_k))
+
+
+def test_cu_seqlens_need_int_tensors_and_batch_one():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="cu_seqlens_q must be a 1-D int32/int64 tensor"):
+        fp8_attention(q, k, v, cu_seqlens_q=torch.tensor([0.0, 16.0]), cu_seqlens_k=torch.tensor([0, 16]))
+    q2, k2, v2 = make_qkv(b=2, sq=16)[:3]
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match="batch size 1"):
+        fp8_attention(q2, k2, v2, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_forced_triton_backend_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="sdpa"):
+        fp8_attention(*_qkv(), config=FP8AttentionConfig(backend="triton"))
