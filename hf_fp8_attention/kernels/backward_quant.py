@@ -1,0 +1,92 @@
+"""In-register block-scaled quantization helpers for the Triton backward kernels.
+
+They reproduce :func:`hf_fp8_attention.quant.quantize` on one tile held in registers:
+
+    amax  = max |x| over the block (NaN propagates: a block holding NaN gets a NaN scale, one
+            holding ±Inf an Inf scale, so every element dequantizes to NaN/Inf, never to garbage)
+    scale = max(amax / FMT_MAX, FP32_TINY)   (IEEE division, as torch; tiny floor as quant.py)
+            optionally rounded up to a power of two (exact: a bit trick, no log2 approximation)
+            1 where amax == 0
+    code  = fp8(clamp(x / scale, ±FMT_MAX))
+
+A "block" here is one axis of a 2-D tile: ``AXIS=1`` gives one scale per row (reduction over the
+columns), ``AXIS=0`` one scale per column. Tiles are zero-padded beyond the sequence end and the
+head dim, exactly as ``quant._blocked_view`` pads the tail block, so padding never changes an amax.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny, quant.py's scale floor
+
+
+@triton.jit
+def _max_nan(a, b):
+    # tl.max drops NaN on GPU (maxnum); this combine keeps it, so NaN scales propagate.
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _pow2_ceil(scale):
+    """Smallest power of two >= scale, for positive normal fp32 (inf/NaN returned unchanged)."""
+    bits = scale.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFFFF) & -8388608).to(tl.float32, bitcast=True)  # -8388608 == 0xFF800000
+    finite = scale < float("inf")  # False for inf and NaN
+    return tl.where(finite, rounded, scale)
+
+
+@triton.jit
+def _round_to_fp8_grid(x, FMT_MAX: tl.constexpr):
+    """Round fp32 x (|x| <= FMT_MAX) to the nearest FP8 value, ties to even, staying in fp32.
+
+    Only for the Triton CPU interpreter, whose fp32->fp8 cast drops the carry when rounding up
+    across a binade (124.9 -> 64 instead of 128); on GPU the hardware cast (cvt.rn.satfinite) runs.
+    """
+    if FMT_MAX == 448.0:  # E4M3: 3 mantissa bits, smallest normal exponent -6
+        MBITS = 3
+        EMIN = -6
+    else:  # E5M2: 2 mantissa bits, smallest normal exponent -14
+        MBITS = 2
+        EMIN = -14
+    bits = x.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.maximum(e, EMIN)
+    ulp = ((e - MBITS + 127) << 23).to(tl.float32, bitcast=True)
+    y = x / ulp  # exact: ulp is a power of two; |y| < 2^(MBITS+1)
+    y = (y + 12582912.0) - 12582912.0  # 1.5 * 2^23: round to nearest even integer
+    return y * ulp
+
+
+@triton.jit
+def block_scales(amax, FMT_MAX: tl.constexpr, POW2: tl.constexpr):
+    """fp32 scales from block maxima (any shape), with quant.compute_scales' rules."""
+    scale = tl.math.div_rn(amax, FMT_MAX)
+    scale = tl.maximum(scale, FP32_TINY, propagate_nan=tl.PropagateNan.ALL)
+    if POW2:
+        scale = _pow2_ceil(scale)
+    return tl.where(amax == 0.0, 1.0, scale)
+
+
+@triton.jit
+def quant_rows(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
+    """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (R,) fp32): one scale per row."""
+    amax = tl.reduce(tl.abs(x), 1, _max_nan)
+    scale = block_scales(amax, FMT_MAX, POW2)
+    xs = tl.math.div_rn(x, scale[:, None])
+    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
+    if INTERPRET:
+        xs = _round_to_fp8_grid(xs, FMT_MAX)
+    return xs.to(DTYPE), scale
+
+
+@triton.jit
+def quant_cols(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
+    """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (C,) fp32): one scale per column."""
+    amax = tl.reduce(tl.abs(x), 0, _max_nan)
+    scale = block_scales(amax, FMT_MAX, POW2)
+    xs = tl.math.div_rn(x, scale[None, :])
+    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
+    if INTERPRET:
+        xs = _round_to_fp8_grid(xs, FMT_MAX)
+    return xs.to(DTYPE), scale
