@@ -1,11 +1,19 @@
-"""The autograd Function behind :func:`fp8_attention`, and the choice of implementation.
+"""Launchers as ``torch.library`` custom ops, the autograd Function, and the choice of implementation.
 
-``select_backend`` decides, per call, whether the Triton kernels or the PyTorch emulation run;
-``FP8AttentionFunction`` saves what the backward needs (O only for the stale delta).
+- :func:`select_backend` decides, per device and config, whether the Triton kernels or the PyTorch
+  emulation run (rules in its docstring).
+- ``torch.ops.hf_fp8_attention.forward`` / ``.backward`` are custom ops with fake (meta)
+  implementations, so ``torch.compile`` traces the attention call as one opaque node (no graph
+  break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none)
+  and the optional ``cu_seqlens`` tensors; the config travels as its canonical string key.
+- :class:`FP8AttentionFunction` saves what the backward needs (O only for the stale delta).
 """
 from __future__ import annotations
 
+import functools
+import json
 import logging
+from typing import Optional
 
 import torch
 
@@ -15,19 +23,176 @@ from .masking import MaskSpec
 
 logger = logging.getLogger(__name__)
 
+_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards
 
-def select_backend(device: torch.device, config: FP8AttentionConfig) -> Backend:
+
+@functools.lru_cache(maxsize=None)
+def _kernel_unavailable_reason(device_index: int) -> str | None:
+    """Why the Triton kernels cannot run on CUDA device ``device_index`` (None if they can)."""
+    cap = torch.cuda.get_device_capability(device_index)
+    if cap < _MIN_CAPABILITY:
+        return (f"{torch.cuda.get_device_name(device_index)} is sm_{cap[0]}{cap[1]}; the FP8 kernels need "
+                f"FP8 tensor cores (sm_89 Ada or sm_90 Hopper and newer)")
+    try:
+        import triton  # noqa: F401
+
+        from .kernels import forward  # noqa: F401
+    except Exception as err:  # noqa: BLE001 (report any import failure as the reason)
+        return f"Triton is not usable ({type(err).__name__}: {err})"
+    return None
+
+
+def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Backend:
     """``Backend.TRITON`` or ``Backend.EMULATION`` for tensors on ``device``.
 
-    The Triton kernels are not part of this build yet, so every device runs the emulation; a
-    request for ``backend="triton"`` raises instead of silently running something else.
+    - ``backend="emulation"``: the PyTorch emulation, on any device.
+    - ``backend="auto"``: the Triton kernels for CUDA tensors on an sm_89+ GPU with Triton
+      importable; the emulation for CPU (and other non-CUDA) tensors; a RuntimeError for CUDA
+      tensors on an older GPU, naming ``attn_implementation="sdpa"`` and ``backend="emulation"``.
+    - ``backend="triton"``: the kernels, or a RuntimeError saying why they cannot run.
     """
-    if config.backend is Backend.TRITON:
+    device = torch.device(device)
+    if config.backend is Backend.EMULATION:
+        return Backend.EMULATION
+    if device.type != "cuda":
+        if config.backend is Backend.TRITON:
+            raise RuntimeError(
+                f"FP8AttentionConfig(backend='triton') needs CUDA tensors on an FP8-capable GPU (sm_89+), "
+                f"got tensors on {device}; use backend='auto' or 'emulation' for the PyTorch emulation, "
+                "or attn_implementation='sdpa' for bf16 attention"
+            )
+        return Backend.EMULATION
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    reason = _kernel_unavailable_reason(index)
+    if reason is not None:
         raise RuntimeError(
-            "FP8AttentionConfig(backend='triton') was requested but the Triton FP8 kernels are not "
-            "available in this build; use backend='emulation' (or 'auto'), or attn_implementation='sdpa'"
+            f"FP8 attention kernels cannot run on {device}: {reason}. Use attn_implementation=\"sdpa\" "
+            "(bf16 attention) for this model, or FP8AttentionConfig(backend=\"emulation\") to run the FP8 "
+            "recipe in PyTorch (correct but slow and memory-hungry)"
         )
-    return Backend.EMULATION
+    return Backend.TRITON
+
+
+# ---------------------------------------------------------------------------------------------
+# flat op arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.compiler.assume_constant_result
+def config_key(config: FP8AttentionConfig) -> str:
+    """Canonical string of a config (custom ops take strings, not dataclasses)."""
+    return _config_key(config)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_key(config: FP8AttentionConfig) -> str:
+    fields = {name: getattr(value, "value", value) for name, value in vars(config).items()}
+    return json.dumps(fields, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_from_key(key: str) -> FP8AttentionConfig:
+    return FP8AttentionConfig(**json.loads(key))
+
+
+def _mask_spec(causal: bool, window: int, cu_seqlens_q, cu_seqlens_k) -> MaskSpec:
+    return MaskSpec(causal=causal, window=None if window < 0 else window,
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
+def _triton_backward_fn():
+    """The FP8 backward kernel's entry point, or None (with one warning) if it is unavailable."""
+    try:
+        from .kernels.backward import triton_backward
+    except Exception as err:  # noqa: BLE001
+        _warn_once(f"FP8 attention: the Triton backward kernel is unavailable ({type(err).__name__}: {err}); "
+                   "the backward runs in the PyTorch emulation (same numerics, much slower)")
+        return None
+    return triton_backward
+
+
+# ---------------------------------------------------------------------------------------------
+# custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("hf_fp8_attention::forward", mutates_args=())
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window: int,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    config: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention forward: ``out (B, Hq, Sq, D)`` contiguous in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
+    cfg = _config_from_key(config)
+    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
+    if select_backend(q.device, cfg) is Backend.TRITON:
+        from .kernels.forward import triton_forward
+
+        out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
+    else:
+        out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=cfg)
+    return out.contiguous(), lse.contiguous()
+
+
+@attention_forward.register_fake
+def _(q, k, v, scale, causal, window, cu_seqlens_q, cu_seqlens_k, config):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+@torch.library.custom_op("hf_fp8_attention::backward", mutates_args=())
+def attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window: int,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    config: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FP8 attention backward: ``(dq, dk, dv)`` contiguous, shapes/dtypes of q, k, v.
+
+    ``out`` is read only by the stale delta (None in matched mode).
+    """
+    cfg = _config_from_key(config)
+    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
+    grads = None
+    if select_backend(q.device, cfg) is Backend.TRITON:
+        kernel = _triton_backward_fn()
+        if kernel is not None:
+            grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
+    if grads is None:
+        grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
+    return tuple(g.contiguous() for g in grads)
+
+
+@attention_backward.register_fake
+def _(q, k, v, out, lse, dout, scale, causal, window, cu_seqlens_q, cu_seqlens_k, config):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _flat_mask(mask: MaskSpec) -> tuple:
+    window = -1 if mask.window is None else int(mask.window)
+    return bool(mask.causal), window, mask.cu_seqlens_q, mask.cu_seqlens_k
 
 
 class FP8AttentionFunction(torch.autograd.Function):
@@ -35,16 +200,18 @@ class FP8AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
-        out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+        key = config_key(config)
+        flat = _flat_mask(mask)
+        out, lse = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *flat, key)
         keep_out = config.delta is DeltaMode.STALE  # matched mode never reads O in the backward
         ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
-        ctx.scale, ctx.mask, ctx.config = scale, mask, config
+        ctx.scale, ctx.flat, ctx.key = scale, flat, key
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lse, out = ctx.saved_tensors
-        dq, dk, dv = reference.emulated_backward(
-            q, k, v, out, lse, dout.contiguous(), scale=ctx.scale, mask=ctx.mask, config=ctx.config
+        dq, dk, dv = torch.ops.hf_fp8_attention.backward(
+            q, k, v, out, lse, dout.contiguous(), ctx.scale, *ctx.flat, ctx.key
         )
         return dq, dk, dv, None, None, None
