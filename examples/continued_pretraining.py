@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 import hf_fp8_attention  # noqa: E402,F401  (registers fp8_delta / fp8_stale with Transformers)
 from hf_fp8_attention.training import (UsageError, build_model, group_texts, main_with_usage_errors,  # noqa: E402
                                        plot_loss_curves, split_train_eval)
+from hf_fp8_attention.training.models import enable_checkpointing  # noqa: E402
 from hf_fp8_attention.training.recipe import (add_common_args, loss_trend, output_dir, prepare,  # noqa: E402
                                               quiet_datasets, resolve_defaults, write_summary)
 
@@ -85,7 +86,7 @@ def main(argv=None) -> dict:
     eval_ds = eval_ds.with_format("torch")
     model = build_model(config, args.attn, model_path=args.model, seed=args.seed)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
 
     def collate(rows):
         batch = default_data_collator(rows)

@@ -104,3 +104,12 @@ def check_seq_len(config, seq_len: int, *, flag: str = "--seq-len") -> None:
     if limit is not None and seq_len > limit:
         raise UsageError(f"{flag} {seq_len} exceeds the model's max_position_embeddings ({limit}); "
                          "use a shorter length or extend the context (examples/context_extension.py)")
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing (works with frozen inputs, e.g. LoRA), on any v5 release."""
+    ckpt_kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the newer name (later v5 releases)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
