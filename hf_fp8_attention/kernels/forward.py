@@ -207,15 +207,26 @@ def _fwd_kernel(
     tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
 
 
+# (BLOCK_M, num_warps, num_stages) tried by the autotuner; BLOCK_N is fixed by the recipe
+# (config.block_k). Few on purpose: every entry is one more compile per key on first use.
+AUTOTUNE_SPACE = ((128, 8, 2), (128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4))
+# "BLOCK_M,num_warps,num_stages" pins one launch configuration (no autotuning): tests, profiling.
+PIN_ENV = "HF_FP8_ATTENTION_FWD_CONFIG"
+
+
 def _autotune_configs():
-    """BLOCK_M x num_warps x num_stages; BLOCK_N is fixed by the recipe (config.block_k)."""
-    return [
-        triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st)
-        for bm in (64, 128)
-        for w in (4, 8)
-        for st in (2, 3, 4)
-        if not (bm == 64 and w == 8)  # 64 rows over 2 warpgroups wastes the second one
-    ]
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st) for bm, w, st in AUTOTUNE_SPACE]
+
+
+def _pinned_launch() -> tuple[int, int, int] | None:
+    value = os.environ.get(PIN_ENV)
+    if not value:
+        return None
+    try:
+        bm, w, st = (int(x) for x in value.split(","))
+    except ValueError:
+        raise ValueError(f"{PIN_ENV}={value!r} must be 'BLOCK_M,num_warps,num_stages', e.g. '128,8,3'") from None
+    return bm, w, st
 
 
 _fwd_kernel_tuned = triton.autotune(
@@ -290,11 +301,15 @@ def triton_forward(
     )
     if max(rows, 0) == 0:
         return out, lse
-    if block_m is None and _interpreting():
-        block_m = 16
+    pinned = _pinned_launch()
     if block_m is not None:
-        grid = (triton.cdiv(rows, block_m), n_prog1)
-        _fwd_kernel[grid](*args, BLOCK_M=block_m, **meta, num_warps=4 if block_m >= 64 else 1)
+        pinned = (block_m, 4 if block_m >= 64 else 1, 2)
+    elif _interpreting():
+        pinned = (16, 1, 1)
+    if pinned is not None:
+        bm, warps, stages = pinned
+        grid = (triton.cdiv(rows, bm), n_prog1)
+        _fwd_kernel[grid](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages)
     else:
         grid = lambda m: (triton.cdiv(rows, m["BLOCK_M"]), n_prog1)  # noqa: E731
         _fwd_kernel_tuned[grid](*args, **meta)

@@ -1,0 +1,167 @@
+"""The Triton FP8 forward on an FP8-capable GPU: against the emulation (same config) and fp64.
+
+Tolerances, kernel vs emulation with the same config (codes and scales of Q, K, V are bit-identical
+on the GPU: IEEE division and a round-to-nearest-even saturating FP8 conversion; asserted below):
+- fp32 inputs: the only differences are fp32 summation order (QKᵀ over d, PV over keys, the online
+  rescale) and exp2 (ex2.approx, ~2 ulp) vs torch.exp. Those move logits by ~1e-6 relative, which
+  flips a P code at a rounding boundary with probability ~2^-18 per element; each flip moves one
+  output row by 1/16 of one p·v term. At S = 4097 (16M P elements per head) that adds up to ~1e-4
+  of ‖O‖ at most, hence ‖Δ‖/‖ref‖ <= 1e-4 (the fp32 rounding part alone is ~1e-6).
+- bf16 inputs/outputs: both outputs are rounded to nearest bf16 from fp32 values that agree to the
+  above; elements straddling a rounding boundary differ by one bf16 step (2^-8 relative at most):
+  ‖Δ‖/‖ref‖ <= 2^-8.
+- LSE (fp32, natural log, |LSE| ~ 10): |Δ| <= 1e-4 (fp32 rounding of logits and sums, 10x margin).
+Kernel vs float64 attention: the FP8 budget of tests/helpers.py (u = 2^-4 for O).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import BUDGET, rel_err  # noqa: E402
+
+from hf_fp8_attention import FP8AttentionConfig, fp8_attention  # noqa: E402
+from hf_fp8_attention.config import FP8Format  # noqa: E402
+from hf_fp8_attention.exact import exact_attention  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from hf_fp8_attention.quant import quantize  # noqa: E402
+from hf_fp8_attention.reference import emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FP32_REL = 1e-4
+BF16_REL = 2.0**-8
+LSE_ABS = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _pinned_launch(monkeypatch):
+    # One launch configuration: correctness does not depend on it, and autotuning every key
+    # here would spend minutes of GPU time compiling (the benchmark exercises the autotuner).
+    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3")
+
+
+def _inputs(b, hq, hkv, sq, sk, d, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    # q as a transposed (B, S, H, D) view: the layout Transformers hands over.
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn(b, hkv, sk, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(b, hkv, sk, d, device="cuda", generator=gen).to(dtype)
+    return q, k, v
+
+
+def _kernel(q, k, v, mask, cfg):
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    return triton_forward(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask, config=cfg)
+
+
+def _check_vs_emulation(q, k, v, mask, cfg):
+    out, lse = _kernel(q, k, v, mask, cfg)
+    ref, ref_lse = emulated_forward(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask, config=cfg)
+    assert torch.isfinite(out).all(), "NaN/Inf in the kernel output on finite inputs"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "rows without keys differ"
+    fin = torch.isfinite(ref_lse)
+    if fin.any():
+        assert (lse[fin] - ref_lse[fin]).abs().max().item() <= LSE_ABS
+    bound = FP32_REL if q.dtype == torch.float32 else BF16_REL
+    assert rel_err(out, ref) <= bound, (rel_err(out, ref), bound)
+    return out
+
+
+CASES = [
+    # (b, hq, hkv, sq, sk, d, causal, window)
+    (2, 4, 2, 1, 1, 128, True, None),
+    (2, 4, 2, 17, 17, 128, True, None),
+    (1, 4, 1, 1000, 1000, 128, False, None),
+    (1, 4, 4, 1000, 1000, 64, True, None),
+    (1, 2, 1, 4097, 4097, 128, True, None),
+    (1, 2, 2, 4097, 4097, 96, False, None),
+    (1, 4, 2, 300, 1000, 128, True, None),  # diagonal aligned to the end
+    (1, 4, 2, 1, 4097, 64, True, None),  # decode
+    (2, 4, 2, 777, 777, 128, True, 200),
+    (1, 2, 2, 500, 640, 96, False, 150),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_kernel_matches_emulation_and_fp64(case, dtype):
+    b, hq, hkv, sq, sk, d, causal, window = case
+    q, k, v = _inputs(b, hq, hkv, sq, sk, d, dtype, seed=sq * 31 + d)
+    mask = MaskSpec(causal=causal, window=window)
+    out = _check_vs_emulation(q, k, v, mask, FP8AttentionConfig())
+    exact = exact_attention(q.double(), k.double(), v.double(), mask=mask)
+    assert rel_err(out, exact) <= BUDGET["out"], rel_err(out, exact)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+def test_varlen_with_empty_sequences_and_keyless_rows(pow2):
+    # Sequence 1 is empty; sequence 2 has more queries than keys, so under the end-aligned causal
+    # mask its first queries see no key: O = 0, LSE = -inf, and no NaN anywhere.
+    cu_q = torch.tensor([0, 129, 129, 400, 1417], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 129, 129, 250, 1300], dtype=torch.int32, device="cuda")
+    q, k, v = _inputs(1, 4, 2, 1420, 1303, 128, torch.bfloat16, seed=3)
+    mask = MaskSpec(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    cfg = FP8AttentionConfig(pow2_scales=pow2)
+    out = _check_vs_emulation(q, k, v, mask, cfg)
+    _, lse = _kernel(q, k, v, mask, cfg)
+    assert torch.isneginf(lse).any(), "the test must contain rows without a visible key"
+    assert (out.transpose(1, 2)[torch.isneginf(lse).transpose(1, 2)] == 0).all()
+
+
+def test_nan_inputs_propagate_like_the_emulation():
+    q, k, v = _inputs(1, 2, 1, 300, 300, 64, torch.bfloat16, seed=5)
+    q = q.clone()
+    q[0, 1, 7, 3] = float("nan")  # one query row
+    v = v.clone()
+    v[0, 0, 200, 5] = float("inf")  # one channel of one key tile
+    mask = MaskSpec(causal=True)
+    out, _ = _kernel(q, k, v, mask, FP8AttentionConfig())
+    ref, _ = emulated_forward(q, k, v, scale=0.125, mask=mask, config=FP8AttentionConfig())
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any()
+
+
+@pytest.mark.parametrize("fmt", [FP8Format.E4M3, FP8Format.E5M2])
+def test_quantize_kernel_is_bit_exact(fmt):
+    from hf_fp8_attention.kernels.quantize import quantize_operand
+
+    x = torch.randn(2, 3, 1000, 96, device="cuda").mul(torch.logspace(-4, 3, 96, device="cuda")).bfloat16()
+    rc, rs, cc, cs, _ = quantize_operand(x, row=True, col=True, block=128, row_format=fmt, col_format=fmt)
+    codes, scales = quantize(x, dim=-1, block=None, fmt=fmt)
+    assert torch.equal(rc[..., :96].view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(rs, scales[..., 0])
+    codes, scales = quantize(x, dim=-2, block=128, fmt=fmt)
+    assert torch.equal(cc[:, :, :96, :1000].transpose(-1, -2).contiguous().view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(cs[..., :96], scales)
+
+
+def test_public_api_dispatches_to_the_kernel():
+    q, k, v = _inputs(2, 8, 2, 513, 513, 128, torch.bfloat16, seed=11)
+    got = fp8_attention(q, k, v, causal=True)
+    want, _ = _kernel(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
+    assert torch.equal(got, want)
+    forced = fp8_attention(q, k, v, causal=True, config=FP8AttentionConfig(backend="emulation"))
+    assert rel_err(got, forced) <= BF16_REL
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    q, k, v = (t.detach().requires_grad_() for t in _inputs(1, 4, 2, 256, 256, 64, torch.bfloat16, seed=13))
+
+    def loss(q, k, v):
+        return fp8_attention(q, k, v, causal=True).float().square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    l_c = compiled(q, k, v)
+    g_c = torch.autograd.grad(l_c, (q, k, v))
+    l_e = loss(q, k, v)
+    g_e = torch.autograd.grad(l_e, (q, k, v))
+    # The loss reduction may be fused and reordered by Inductor (fp32 sum of 65k terms: ~1e-6);
+    # the attention ops themselves are the same deterministic kernels, so the gradients are equal.
+    assert torch.allclose(l_c, l_e, rtol=1e-5, atol=0)
+    for a, b in zip(g_c, g_e):
+        assert torch.equal(a, b)
