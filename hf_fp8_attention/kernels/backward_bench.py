@@ -1,0 +1,141 @@
+"""GPU timing of the Triton FP8 backward against SDPA bf16 (flash and cuDNN), one run, one table.
+
+``python -m hf_fp8_attention.kernels.backward_bench [--out DIR] [--seqs 4096,8192,16384]``
+
+Per shape (bf16 inputs, causal, head_dim 128): median times (triton.testing.do_bench) of
+- fp8 fwd (public API, Triton forward), fp8 bwd-only (this module's kernels on a saved forward)
+  matched and stale, fp8 fwd+bwd through autograd (matched, stale);
+- SDPA flash and cuDNN fwd and fwd+bwd;
+- TFLOP/s counting causal FLOPs (fwd 2·2·B·H·S²·D / 2, bwd 2.5x fwd);
+- peak memory of one training step of the attention op and the activation memory the autograd
+  graph holds after the forward (matched saves no O).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from hf_fp8_attention import FP8AttentionConfig, fp8_attention
+from hf_fp8_attention.masking import MaskSpec
+
+from .backward import triton_backward
+
+
+def _flops_fwd(b, h, s, d, causal=True):
+    return 4 * b * h * s * s * d / (2 if causal else 1)
+
+
+def _bench(fn, rep=200):
+    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def _fwd_bwd(attn, q, k, v, do):
+    def step():
+        qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+        o = attn(qq, kk, vv)
+        torch.autograd.grad(o, (qq, kk, vv), do)
+    return step
+
+
+def _held_activations(attn, q, k, v):
+    """Bytes the autograd graph holds after the forward, beyond inputs and output."""
+    qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    o = attn(qq, kk, vv)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base - o.numel() * o.element_size()
+    del o
+    return held
+
+
+def _peak_step(step):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def run(seqs, b, h, d, out_dir):
+    rows = []
+    for s in seqs:
+        gen = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+        scale = d**-0.5
+        mask = MaskSpec(causal=True)
+        fl = _flops_fwd(b, h, s, d)
+        r = {"B": b, "H": h, "S": s, "D": d}
+        impls = {
+            "fp8_delta": lambda q_, k_, v_: fp8_attention(q_, k_, v_, causal=True, config=FP8AttentionConfig.from_recipe("fp8_delta")),
+            "fp8_stale": lambda q_, k_, v_: fp8_attention(q_, k_, v_, causal=True, config=FP8AttentionConfig.from_recipe("fp8_stale")),
+        }
+        for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def sd(q_, k_, v_, _b=backend):
+                with sdpa_kernel(_b):
+                    return F.scaled_dot_product_attention(q_, k_, v_, is_causal=True)
+            impls[name] = sd
+        for name, attn in impls.items():
+            try:
+                with torch.no_grad():
+                    r[f"{name}_fwd_ms"] = _bench(lambda: attn(q, k, v))
+                r[f"{name}_fwdbwd_ms"] = _bench(_fwd_bwd(attn, q, k, v, do))
+                r[f"{name}_fwdbwd_tflops"] = 3.5 * fl / r[f"{name}_fwdbwd_ms"] / 1e9
+                r[f"{name}_peak_step_MiB"] = _peak_step(_fwd_bwd(attn, q, k, v, do)) / 2**20
+                r[f"{name}_held_MiB"] = _held_activations(attn, q, k, v) / 2**20
+            except Exception as err:  # noqa: BLE001 (a backend missing on this machine is reported, not fatal)
+                r[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
+        # backward alone on a saved forward (emulation-free: Triton forward output)
+        from hf_fp8_attention.kernels.forward import triton_forward
+
+        for name in ("fp8_delta", "fp8_stale"):
+            cfg = FP8AttentionConfig.from_recipe(name)
+            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
+            o_arg = out if name == "fp8_stale" else None
+            r[f"{name}_bwd_ms"] = _bench(lambda: triton_backward(q, k, v, o_arg, lse, do, scale=scale, mask=mask, config=cfg))
+            r[f"{name}_bwd_tflops"] = 2.5 * fl / r[f"{name}_bwd_ms"] / 1e9
+        for name in ("sdpa_flash", "sdpa_cudnn"):
+            if f"{name}_fwdbwd_ms" in r:
+                r[f"{name}_bwd_ms"] = r[f"{name}_fwdbwd_ms"] - r[f"{name}_fwd_ms"]
+        r["matched_over_stale_bwd"] = r["fp8_delta_bwd_ms"] / r["fp8_stale_bwd_ms"]
+        for ref in ("sdpa_flash", "sdpa_cudnn"):
+            if f"{ref}_fwdbwd_ms" in r and "fp8_delta_fwdbwd_ms" in r:
+                r[f"speedup_vs_{ref}"] = r[f"{ref}_fwdbwd_ms"] / r["fp8_delta_fwdbwd_ms"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        del q, k, v, do
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "bench_backward.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    cols = [("S", "S"), ("fp8_delta_fwd_ms", "fp8 fwd"), ("fp8_delta_bwd_ms", "bwd matched"),
+            ("fp8_stale_bwd_ms", "bwd stale"), ("matched_over_stale_bwd", "m/s"),
+            ("fp8_delta_fwdbwd_ms", "fp8 f+b"), ("fp8_delta_fwdbwd_tflops", "TF/s"),
+            ("sdpa_flash_fwdbwd_ms", "flash f+b"), ("sdpa_flash_fwdbwd_tflops", "TF/s"),
+            ("sdpa_cudnn_fwdbwd_ms", "cudnn f+b"), ("sdpa_cudnn_fwdbwd_tflops", "TF/s"),
+            ("speedup_vs_sdpa_flash", "x flash"), ("speedup_vs_sdpa_cudnn", "x cudnn"),
+            ("fp8_delta_peak_step_MiB", "peak MiB m"), ("fp8_stale_peak_step_MiB", "peak s"),
+            ("sdpa_cudnn_peak_step_MiB", "peak cudnn"), ("fp8_delta_held_MiB", "held m"), ("fp8_stale_held_MiB", "held s")]
+    print(" | ".join(h for _, h in cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c, _ in cols))
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqs", default="4096,8192,16384")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--out", default=os.environ.get("OUT", ""))
+    a = ap.parse_args()
+    run([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.out)

@@ -1,0 +1,215 @@
+"""The Triton FP8 backward on an FP8-capable GPU: against the emulation (same config) and fp64.
+
+The kernels get the emulation's forward (out, LSE) moved to the GPU, so these tests check the
+backward alone. Tolerances, kernel vs emulation with the same config:
+- On the GPU the per-token codes and scales of Q, K, V, dO are bit-identical to the emulation's
+  (IEEE division, round-to-nearest-even saturating FP8 conversion). The kernel's logits and dP
+  differ from the emulation's only by fp32 summation order and exp2 (ex2.approx, ~2 ulp) vs
+  torch.exp: ~1e-6 relative. P and dS are quantized from those values, so a code flips where that
+  noise meets a rounding tie. dS = P(dP − D) cancels (|dS| << P|dP| on many entries), which
+  amplifies its relative noise ~10x over P's, so flips of dS codes are ~1e-5 per element; each
+  moves one term by 1/16. Summed over rows of up to 1000 terms that stays below ~1e-4 of the
+  gradient norm; GRAD_REL = 1e-3 leaves a 10x margin and is still 50x below the FP8 quantization
+  error (~5e-2 against fp64), so any wrong tile, scale axis, mask or delta fails it.
+- bf16 gradients: both sides round fp32 values that agree to the above to bf16, so elements at a
+  rounding boundary differ by one bf16 step: BF16_REL = 2^-8.
+Kernel vs float64: the FP8 budget of tests/helpers.py (dV: u = 2^-4, dQ/dK: 1.5u).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import BUDGET, make_qkv, rel_err  # noqa: E402
+
+from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+from hf_fp8_attention.diagnostics import key_shift_residual  # noqa: E402
+from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+GRAD_REL = 1e-3
+BF16_REL = 2.0**-8
+MATCHED, STALE = FP8AttentionConfig.from_recipe("fp8_delta"), FP8AttentionConfig.from_recipe("fp8_stale")
+
+
+def _kernels():
+    from hf_fp8_attention.kernels import backward
+
+    return backward
+
+
+def _mask(causal=False, window=None, cu=None):
+    if cu is None:
+        return MaskSpec(causal=causal, window=window)
+    cq, ck = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in cu)
+    return MaskSpec(causal=causal, window=window, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+def _setup(b, hq, hkv, sq, sk, d, mask, config, dtype=torch.float32, seed=0, outliers=False):
+    """Inputs and the emulation's forward (out, LSE) on the GPU."""
+    q, k, v, do = (t.cuda() for t in make_qkv(b, hq, hkv, sq, sk, d, dtype=dtype, seed=seed, outliers=outliers))
+    scale = d**-0.5
+    out, lse = emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+    return q, k, v, do, out, lse, scale
+
+
+def _kernel_and_emulation(shape, mask, config, dtype=torch.float32, seed=0):
+    q, k, v, do, out, lse, scale = _setup(*shape, mask, config, dtype=dtype, seed=seed)
+    got = _kernels().triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    ref = emulated_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    torch.cuda.synchronize()
+    return got, ref
+
+
+SHAPES = {
+    # name: ((B, Hq, Hkv, Sq, Sk, D), mask kwargs)
+    "dense_d64": ((2, 4, 2, 300, 300, 64), {}),
+    "causal_d128_1000": ((1, 4, 1, 1000, 1000, 128), {"causal": True}),
+    "causal_d96_odd17": ((2, 2, 2, 17, 17, 96), {"causal": True}),
+    "causal_qshort": ((1, 4, 2, 129, 700, 128), {"causal": True}),
+    "single_query": ((1, 4, 2, 1, 300, 64), {"causal": True}),
+    "window_causal": ((1, 2, 1, 700, 700, 128), {"causal": True, "window": 200}),
+    "window_noncausal": ((1, 2, 1, 400, 400, 64), {"window": 100}),
+    "varlen_causal": ((1, 4, 2, 1000, 1000, 128), {"causal": True, "cu": ([0, 1, 300, 717, 1000], [0, 1, 300, 717, 1000])}),
+}
+
+
+@pytest.mark.parametrize("config", [MATCHED, STALE], ids=["matched", "stale"])
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_kernel_matches_emulation_fp32(name, config):
+    shape, mask_kw = SHAPES[name]
+    got, ref = _kernel_and_emulation(shape, _mask(**mask_kw), config)
+    for label, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(x).all(), label
+        assert rel_err(x, r) <= GRAD_REL, (label, rel_err(x, r))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        FP8AttentionConfig.from_recipe("hybrid_delta"),
+        FP8AttentionConfig.from_recipe("hybrid_stale"),
+        FP8AttentionConfig.from_recipe("fp8_delta_pow2"),
+        FP8AttentionConfig.from_recipe("fp8_delta_e5m2_grads"),
+        FP8AttentionConfig(block_q=64, block_k=64),
+    ],
+    ids=["hybrid_delta", "hybrid_stale", "pow2", "e5m2_grads", "tiles64"],
+)
+def test_recipes_match_emulation(config):
+    got, ref = _kernel_and_emulation((1, 4, 2, 513, 513, 128), _mask(causal=True), config)
+    for label, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert rel_err(x, r) <= GRAD_REL, (label, rel_err(x, r))
+
+
+def test_bf16_inputs_match_emulation():
+    got, ref = _kernel_and_emulation((2, 4, 2, 1000, 1000, 128), _mask(causal=True), MATCHED, dtype=torch.bfloat16)
+    for label, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert x.dtype == torch.bfloat16
+        assert rel_err(x, r) <= BF16_REL, (label, rel_err(x, r))
+
+
+@pytest.mark.parametrize("config", [MATCHED, STALE], ids=["matched", "stale"])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_within_fp8_budget_of_float64(config, d):
+    mask = _mask(causal=True)
+    q, k, v, do, out, lse, scale = _setup(1, 4, 2, 1000, 1000, d, mask, config, dtype=torch.bfloat16, seed=d)
+    got = _kernels().triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    _, *exact = exact_attention_grads(q, k, v, do, scale=scale, mask=mask)
+    for label, x, r in zip(("dq", "dk", "dv"), got, exact):
+        assert rel_err(x, r) <= BUDGET[label], (label, rel_err(x, r))
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_matched_row_sums_vanish_stale_do_not_and_key_shift_shrinks(outliers):
+    """Zero-row-sum residual |Σ_j dS_ij| / Σ_j P_ij|dP_ij| of the dS the kernel forms. Matched:
+    fp32 rounding of row sums of up to 1024 terms (~sqrt(1024) · 2^-24 ≈ 2e-6 typical), so median
+    <= 1e-5. Stale: the FP8 mismatch of rowsum(dO∘O) vs Σ P dP, >= 100x larger. The key-shift
+    residual ‖Σ_j dK_j‖ / ‖Σ_j |dK_j|‖ shrinks with the matched delta."""
+    mask = _mask(causal=True)
+    res, shift = {}, {}
+    for name, config in (("matched", MATCHED), ("stale", STALE)):
+        q, k, v, do, out, lse, scale = _setup(1, 4, 2, 1024, 1024, 128, mask, config, seed=11, outliers=outliers)
+        dq, dk, dv, ds_sum, pabs = _kernels().triton_backward_row_sums(
+            q, k, v, out, lse, do, scale=scale, mask=mask, config=config
+        )
+        assert (pabs > 0).all()
+        res[name] = (ds_sum.double().abs() / pabs.double()).median().item()
+        shift[name] = key_shift_residual(dk)
+    print(f"row-sum residual median {res}; key-shift residual {shift}")
+    assert res["matched"] <= 1e-5, res
+    assert res["stale"] >= 100 * max(res["matched"], 1e-8), res
+    assert shift["matched"] < shift["stale"], shift
+
+
+def test_rows_without_keys_get_zero_gradients_and_no_nan():
+    # Sequence 0 has 300 queries and 100 keys (causal, aligned to the end): its first 200 queries
+    # see nothing. Tokens after the last sequence belong to none.
+    cu = ([0, 300, 800], [0, 100, 600])
+    mask = _mask(causal=True, cu=cu)
+    for config in (MATCHED, STALE):
+        q, k, v, do, out, lse, scale = _setup(1, 2, 1, 900, 700, 128, mask, config, seed=2)
+        dq, dk, dv = _kernels().triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+        for x in (dq, dk, dv):
+            assert torch.isfinite(x).all()
+        assert not dq[:, :, :200].any() and not dq[:, :, 800:].any()
+        assert not dk[:, :, 600:].any() and not dv[:, :, 600:].any()
+        ref = emulated_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+        for x, r in zip((dq, dk, dv), ref):
+            assert rel_err(x, r) <= GRAD_REL
+
+
+def test_deterministic_and_strided_inputs():
+    """No atomics: two runs are bit-identical; non-contiguous (B, S, H, D)-transposed inputs give
+    the same result as contiguous ones."""
+    mask = _mask(causal=True)
+    q, k, v, do, out, lse, scale = _setup(2, 4, 2, 777, 777, 128, mask, MATCHED, dtype=torch.bfloat16, seed=4)
+    kb = _kernels()
+    a = kb.triton_backward(q, k, v, None, lse, do, scale=scale, mask=mask, config=MATCHED)
+    b = kb.triton_backward(q, k, v, None, lse, do, scale=scale, mask=mask, config=MATCHED)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    dot = do.transpose(1, 2).contiguous().transpose(1, 2)
+    c = kb.triton_backward(qt, k, v, None, lse, dot, scale=scale, mask=mask, config=MATCHED)
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x, y) and torch.equal(x, z)
+
+
+def test_finite_difference_direction():
+    """The FP8 gradient points downhill on the exact loss: for L = <O_exact(q, k, v), dO>,
+    (L(x + εg) − L(x − εg)) / 2ε ≈ <∇L, g> > 0.9 |g| |∇L| for each FP8 gradient g (cosine > 0.9;
+    the FP8 gradient error is ~5-10%, giving cosines ~0.99)."""
+    from hf_fp8_attention.exact import exact_attention
+
+    mask = _mask(causal=True)
+    q, k, v, do, out, lse, scale = _setup(1, 2, 1, 64, 64, 64, mask, MATCHED, seed=9)
+    grads = _kernels().triton_backward(q, k, v, None, lse, do, scale=scale, mask=mask, config=MATCHED)
+    _, *exact = exact_attention_grads(q, k, v, do, scale=scale, mask=mask)
+    args = [q.double(), k.double(), v.double()]
+    for i, g in enumerate(grads):
+        eps = 1e-4 / g.double().norm()
+        plus, minus = list(args), list(args)
+        plus[i] = args[i] + eps * g.double()
+        minus[i] = args[i] - eps * g.double()
+        fd = ((exact_attention(*plus, scale=scale, mask=mask) - exact_attention(*minus, scale=scale, mask=mask)) * do).sum() / (2 * eps)
+        cos = fd / (g.double().norm() * exact[i].norm())
+        assert cos > 0.9, (i, float(cos))
+
+
+def test_autograd_through_fp8_attention_uses_the_kernel():
+    """End to end through the public API (Triton forward + this backward) vs the emulation backend."""
+    from hf_fp8_attention import fp8_attention
+
+    q, k, v, do = (t.cuda() for t in make_qkv(1, 4, 2, 600, 600, 128, dtype=torch.float32, seed=7))
+    res = {}
+    for backend in ("triton", "emulation"):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        o = fp8_attention(*leaves, causal=True, config=MATCHED.replace(backend=backend))
+        res[backend] = torch.autograd.grad(o, leaves, do)
+    for x, r in zip(res["triton"], res["emulation"]):
+        assert rel_err(x, r) <= GRAD_REL
