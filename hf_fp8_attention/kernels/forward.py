@@ -48,7 +48,7 @@ def _visit_tiles(
     k_base, ks_base, vt_base, vs_base, S_PAD,
     t_lo, t_hi, kv_len, window,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_FMAX: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_FMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m); mask only if MASKED."""
@@ -93,7 +93,7 @@ def _visit_tiles(
         alpha = tl.math.exp2(m_i - m_new_ref)
         beta = tl.math.exp2(m_t - m_new_ref)
         l_i = l_i * alpha + beta * tl.sum(p, 1)
-        p_codes = fp8_cast(p * P_FMAX, k_codes.dtype, P_MANT, P_SUB_MAGIC, P_SUB_MIN)  # 0 <= p <= 1: no clamp
+        p_codes = fp8_cast(p * P_FMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN)  # 0 <= p <= 1: no clamp
         pv = tl.dot(p_codes, v_codes)
         acc = acc * alpha[:, None] + pv * (beta * (1.0 / P_FMAX))[:, None] * v_scale[None, :]
         m_i = m_new
@@ -188,15 +188,15 @@ def _fwd_kernel(
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, t_lo, f_lo, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, f_lo, f_hi, kv_len, window,
-                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, f_hi, t_hi, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX,
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)

@@ -1,0 +1,256 @@
+"""Time FP8 attention (fp8_delta / fp8_stale) against PyTorch SDPA bf16 (flash and cuDNN backends).
+
+One run on one GPU. Shapes: S in --seqlens at a fixed --tokens per batch (B = tokens // S), heads
+--heads, head dims --dims, causal and not; q, k, v bf16 (B, H, S, D) contiguous.
+
+Modes (--modes): ``fwd`` (forward only; our time includes quantizing the bf16 inputs), ``bwd``
+(backward only, via autograd of the public ``fp8_attention`` / SDPA), ``fwdbwd`` (both). Our
+backward modes run only when the Triton FP8 backward kernel is importable (the emulation is far
+too slow and large at these shapes); "n/a" otherwise. ``--memory`` adds the peak memory of one
+training step (forward + backward of the attention op alone, over what the inputs already hold).
+
+FLOPs: forward 4·B·H·S²·D (halved under a causal mask), backward 2.5x forward, fwd+bwd 3.5x.
+Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 MB L2).
+
+Writes ``<out-dir>/<tag>.md`` and ``.json`` with the GPU name and torch / triton / CUDA / cuDNN
+versions, and prints the table last.
+
+    python benchmarks/bench_attention.py                         # forward, the full grid
+    python benchmarks/bench_attention.py --modes fwd,bwd,fwdbwd --memory
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_fp8_attention import RECIPES, fp8_attention  # noqa: E402
+
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+
+
+def _csv(kind):
+    return lambda s: [kind(x) for x in s.split(",") if x]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqlens", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (B = tokens // S)")
+    p.add_argument("--heads", type=_csv(int), default=[16, 32])
+    p.add_argument("--dims", type=_csv(int), default=[64, 128])
+    p.add_argument("--causal", type=_csv(lambda x: x.lower() in ("1", "true", "yes")), default=[True, False])
+    p.add_argument("--modes", type=_csv(str), default=["fwd"])
+    p.add_argument("--configs", type=_csv(str), default=["fp8_delta", "fp8_stale"])
+    p.add_argument("--sdpa", type=_csv(str), default=["cudnn", "flash"])
+    p.add_argument("--memory", action="store_true", help="peak memory of one fwd+bwd per shape")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
+    p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--tag", default=None, help="results file name (default: gpu name + date)")
+    args = p.parse_args(argv)
+    bad = set(args.modes) - set(FLOP_FACTOR)
+    if bad:
+        p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
+    bad = set(args.configs) - set(RECIPES)
+    if bad:
+        p.error(f"unknown configs {sorted(bad)}; choose from {sorted(RECIPES)}")
+    bad = set(args.sdpa) - {"cudnn", "flash"}
+    if bad:
+        p.error(f"unknown SDPA backends {sorted(bad)}; choose from cudnn, flash")
+    return args
+
+
+def fp8_backward_available() -> tuple[bool, str]:
+    try:
+        from hf_fp8_attention.kernels.backward import triton_backward  # noqa: F401
+    except Exception as err:  # noqa: BLE001
+        return False, f"{type(err).__name__}: {err}"
+    return True, ""
+
+
+def flops(mode, b, h, s, d, causal):
+    fwd = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+    return fwd * FLOP_FACTOR[mode]
+
+
+def _sdpa_fn(backend_name, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend_name]
+
+    def run(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def _ours_fn(recipe, causal):
+    cfg = RECIPES[recipe]
+    return lambda q, k, v: fp8_attention(q, k, v, causal=causal, config=cfg)
+
+
+def _time(impl, mode, q, k, v, warmup, rep):
+    """Median ms of ``mode`` for ``impl(q, k, v)``."""
+    from triton.testing import do_bench
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return do_bench(lambda: impl(q, k, v), warmup=warmup, rep=rep, return_mode="median")
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    if mode == "bwd":
+        out = impl(qg, kg, vg)
+        return do_bench(lambda: out.backward(dout, retain_graph=True), warmup=warmup, rep=rep,
+                        grad_to_none=[qg, kg, vg], return_mode="median")
+    return do_bench(lambda: impl(qg, kg, vg).backward(dout), warmup=warmup, rep=rep,
+                    grad_to_none=[qg, kg, vg], return_mode="median")
+
+
+def _peak_step_mib(impl, q, k, v):
+    """Peak memory (MiB) of one forward+backward over what q, k, v, dout already hold."""
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    impl(qg, kg, vg).backward(dout)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def environment() -> dict:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "capability": "sm_%d%d" % torch.cuda.get_device_capability(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def run(args) -> tuple[dict, list[dict]]:
+    env = environment()
+    bwd_ok, bwd_why = fp8_backward_available()
+    env["fp8_backward_kernel"] = "available" if bwd_ok else f"unavailable ({bwd_why})"
+    rows = []
+    for d in args.dims:
+        for causal in args.causal:
+            for h in args.heads:
+                for s in args.seqlens:
+                    b = max(args.tokens // s, 1)
+                    gen = torch.Generator(device="cuda").manual_seed(s + h + d)
+                    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                               for _ in range(3))
+                    impls = {f"sdpa_{n}": _sdpa_fn(n, causal) for n in args.sdpa}
+                    impls.update({name: _ours_fn(name, causal) for name in args.configs})
+                    row = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+                    for mode in args.modes:
+                        for name, impl in impls.items():
+                            key = f"{name}/{mode}"
+                            if name.startswith("fp8") and mode != "fwd" and not bwd_ok:
+                                row[key] = None
+                                continue
+                            try:
+                                ms = _time(impl, mode, q, k, v, args.warmup, args.rep)
+                                row[key] = {"ms": ms, "tflops": flops(mode, b, h, s, d, causal) / ms * 1e-9}
+                            except Exception as err:  # noqa: BLE001 (an unsupported SDPA backend: record it)
+                                row[key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+                    if args.memory:
+                        for name, impl in impls.items():
+                            if name.startswith("fp8") and not bwd_ok:
+                                row[f"{name}/peak_mib"] = None
+                                continue
+                            try:
+                                row[f"{name}/peak_mib"] = _peak_step_mib(impl, q, k, v)
+                            except Exception as err:  # noqa: BLE001
+                                row[f"{name}/peak_mib"] = f"{type(err).__name__}"
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    del q, k, v
+    return env, rows
+
+
+def _cell(row, key, field="tflops"):
+    val = row.get(key)
+    if val is None:
+        return "n/a"
+    if "error" in val:
+        return "err"
+    return f"{val[field]:.0f}"
+
+
+def _ratio(row, key, ref):
+    a, b = row.get(key), row.get(ref)
+    if not a or not b or "error" in a or "error" in b:
+        return "n/a"
+    return f"{a['tflops'] / b['tflops']:.2f}"
+
+
+def render(env, rows, args) -> str:
+    lines = [f"# FP8 attention benchmark — {env['gpu']} ({env['capability']})", ""]
+    lines.append(f"torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · cuDNN {env['cudnn']} · "
+                 f"python {env['python']} · {env['date_utc']} UTC · {args.tokens} tokens per batch · "
+                 f"FP8 backward kernel: {env['fp8_backward_kernel']}")
+    lines.append("")
+    lines.append("TFLOP/s (forward 4·B·H·S²·D, halved when causal; backward 2.5x; fwd+bwd 3.5x). "
+                 "Ratios: ours / SDPA cuDNN (x cudnn) and ours / SDPA flash (x flash).")
+    for mode in args.modes:
+        lines += ["", f"## {mode}", ""]
+        head = ["causal", "H", "D", "S", "B"] + [f"sdpa_{n}" for n in args.sdpa]
+        for name in args.configs:
+            head += [name] + [f"x {n}" for n in args.sdpa]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in rows:
+            cells = [str(r["causal"]), str(r["H"]), str(r["D"]), str(r["S"]), str(r["B"])]
+            cells += [_cell(r, f"sdpa_{n}/{mode}") for n in args.sdpa]
+            for name in args.configs:
+                cells.append(_cell(r, f"{name}/{mode}"))
+                cells += [_ratio(r, f"{name}/{mode}", f"sdpa_{n}/{mode}") for n in args.sdpa]
+            lines.append("| " + " | ".join(cells) + " |")
+    if args.memory:
+        names = [f"sdpa_{n}" for n in args.sdpa] + list(args.configs)
+        lines += ["", "## peak memory of one fwd+bwd step (MiB over inputs)", "",
+                  "| causal | H | D | S | B | " + " | ".join(names) + " |", "|" + "---|" * (5 + len(names))]
+        for r in rows:
+            vals = []
+            for n in names:
+                v = r.get(f"{n}/peak_mib")
+                vals.append("n/a" if v is None else (f"{v:.0f}" if isinstance(v, float) else str(v)))
+            lines.append(f"| {r['causal']} | {r['H']} | {r['D']} | {r['S']} | {r['B']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    env, rows = run(args)
+    text = render(env, rows, args)
+    tag = args.tag or (env["gpu"].replace(" ", "_").lower() + "_" + env["date_utc"][:10])
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{tag}.md").write_text(text)
+    (args.out_dir / f"{tag}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
+                                                          "rows": rows}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

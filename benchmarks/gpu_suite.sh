@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark.
+# Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
+#   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
+# Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
+#      SKIP_TESTS=1 / SKIP_BENCH=1. Arguments are passed to benchmarks/bench_attention.py.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_suite_out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+tag=${BENCH_TAG:-gpu_suite}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv \
+  | tee "$OUT/nvidia_smi.txt"
+test_rc=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  python -m pytest -q -m gpu -rs ${TESTS:-tests} 2>&1 | tee "$OUT/pytest_gpu.log"
+  test_rc=${PIPESTATUS[0]}
+fi
+bench_rc=0
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python benchmarks/bench_attention.py --tag "$tag" "$@" 2>&1 | tee "$OUT/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+  cp "benchmarks/results/$tag.md" "benchmarks/results/$tag.json" "$OUT"/ 2>/dev/null
+fi
+echo "gpu_suite: pytest rc=$test_rc, bench rc=$bench_rc"
+exit $(( test_rc != 0 || bench_rc != 0 ))
