@@ -54,9 +54,11 @@ def fp8_padding_mask(
     Causal structure and sliding windows are not encoded here; the attention function applies them
     (from ``module.is_causal`` and the ``sliding_window`` kwarg). Transformers signals a custom mask
     function (``or_mask_function`` / ``and_mask_function``, e.g. bidirectional image tokens) with
-    ``use_vmap=True``; such a pattern cannot be expressed as causal/window/padding/packing, so it raises.
+    ``use_vmap=True``, and block-wise bidirectional overlays (``block_sequence_ids``) by wrapping the
+    mask function in ``or_masks`` (whose inner function is named ``or_mask`` in 5.17 and 5.24); such
+    patterns cannot be expressed as causal/window/padding/packing, so they raise.
     """
-    if kwargs.get("use_vmap", False):
+    if kwargs.get("use_vmap", False) or getattr(mask_function, "__name__", "") == "or_mask":
         raise NotImplementedError(
             "FP8 attention cannot apply this model's custom attention mask pattern (an or/and mask function, "
             "e.g. bidirectional attention over image tokens); its kernels support causal, sliding-window, "
