@@ -115,16 +115,20 @@ def cmd_demo(args) -> int:
         raise UsageError("--device cuda: CUDA is not available on this machine")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     settings = DemoSettings.for_device(device, tiny=args.tiny)
-    for field in ("steps", "seq_len", "batch_size", "lr", "family"):
+    for field in ("steps", "seq_len", "batch_size", "lr", "family", "corpus_bytes"):
         value = getattr(args, field)
         if value is not None:
-            if field in ("steps", "seq_len", "batch_size") and value < 1:
+            if field in ("steps", "seq_len", "batch_size", "corpus_bytes") and value < 1:
                 raise UsageError(f"--{field.replace('_', '-')} must be positive, got {value}")
             setattr(settings, field, value)
     if args.attns:
         settings.attns = tuple(args.attns)
     print(f"demo on {device}: {settings.family}-{settings.size}, {settings.steps} steps x {settings.batch_size} x "
           f"{settings.seq_len} tokens; runs: {', '.join(settings.attns)}")
+    if args.no_progress:
+        import datasets
+
+        datasets.disable_progress_bars()
     summary = run_demo(settings, args.out_dir, device, progress=not args.no_progress)
     print()
     print(format_table(summary))
@@ -149,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int)
     demo.add_argument("--lr", type=float)
     demo.add_argument("--family", choices=("llama", "mistral", "qwen2", "qwen3"))
+    demo.add_argument("--corpus-bytes", type=int, help="cap on the default corpus size")
     demo.add_argument("--attns", nargs="+", help="subset/order of sdpa fp8_stale fp8_delta")
     demo.add_argument("--no-progress", action="store_true")
     return parser
