@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
+from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel
 from .backward_quant import quant_cols, quant_rows
 
 LOG2E = 1.4426950408889634
@@ -46,7 +47,10 @@ LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (64, 96, 128)
 
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
+# ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
+# (backward_prequant.py) instead of re-quantizing them in registers inside every program's loop.
 LAUNCH = {
+    "prequant": True,
     "dq": {"num_warps": 8, "num_stages": 1},
     "dkdv": {"num_warps": 8, "num_stages": 1},
 }
@@ -442,6 +446,10 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         return dq.zero_(), dk.zero_(), dv.zero_(), dbg_ds, dbg_pabs
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window if mask.window is not None else 0
+    if fp8 and LAUNCH["prequant"]:
+        _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+                         n_seq, max_q, max_k, scale, mask, config, debug)
+        return dq, dk, dv, dbg_ds, dbg_pabs
     common = dict(
         HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_Q=bq, BLOCK_K=bk,
         FP8=fp8, CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen,
@@ -465,6 +473,49 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         **common, **LAUNCH["dkdv"],
     )
     return dq, dk, dv, dbg_ds, dbg_pabs
+
+
+def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+                     n_seq, max_q, max_k, scale, mask, config, debug):
+    """FP8 mode on operands quantized once up front (kernels in backward_prequant.py)."""
+    from .quantize import quantize_operand
+
+    b, hq, sq_total, d = q.shape
+    hkv, sk_total = k.shape[1], k.shape[2]
+    bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
+    cq = cu_q if mask.is_varlen else None
+    ck = cu_k if mask.is_varlen else None
+    mq = max_q if mask.is_varlen else None
+    mk = max_k if mask.is_varlen else None
+    qr, qrs, qct, qcs, toff_q = quantize_operand(q, row=True, col=True, block=bq, row_format=config.q_format,
+                                                 col_format=config.q_format, pow2=pow2, cu_seqlens=cq, max_seqlen=mq)
+    kr, krs, kct, kcs, toff_k = quantize_operand(k, row=True, col=True, block=bk, row_format=config.k_format,
+                                                 col_format=config.k_format, pow2=pow2, cu_seqlens=ck, max_seqlen=mk)
+    vr, vrs, _, _, _ = quantize_operand(v, row=True, col=False, block=bk, row_format=config.v_format, pow2=pow2,
+                                        cu_seqlens=ck, max_seqlen=mk)
+    dor, dors, doct, docs, _ = quantize_operand(dout, row=True, col=True, block=bq, row_format=config.do_format,
+                                                col_format=config.do_format, pow2=pow2, cu_seqlens=cq, max_seqlen=mq)
+    toff_q = cu_q if toff_q is None else toff_q
+    toff_k = cu_k if toff_k is None else toff_k
+    interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_Q=bq, BLOCK_K=bk, CAUSAL=bool(mask.causal),
+                  HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
+                  DS_DTYPE=_tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
+    window = mask.window if mask.window is not None else 0
+    qk_scale = float(scale) * LOG2E
+    _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bq), n_seq * hq)](
+        qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
+        dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
+        *dout.stride(), *o.stride(), *lse.stride(),
+        hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
+        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, **LAUNCH["dq"],
+    )
+    _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bk), n_seq * hkv)](
+        qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
+        lse2, delta, dk, dv, cu_q, cu_k, toff_q,
+        hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
+        **common, **LAUNCH["dkdv"],
+    )
 
 
 def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig):

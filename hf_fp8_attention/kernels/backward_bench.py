@@ -24,7 +24,7 @@ from triton.testing import do_bench
 from hf_fp8_attention import FP8AttentionConfig, fp8_attention
 from hf_fp8_attention.masking import MaskSpec
 
-from .backward import triton_backward
+from .backward import LAUNCH, triton_backward
 
 
 def _flops_fwd(b, h, s, d, causal=True):
@@ -100,7 +100,11 @@ def run(seqs, b, h, d, out_dir):
             cfg = FP8AttentionConfig.from_recipe(name)
             out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
             o_arg = out if name == "fp8_stale" else None
-            r[f"{name}_bwd_ms"] = _bench(lambda: triton_backward(q, k, v, o_arg, lse, do, scale=scale, mask=mask, config=cfg))
+            for suffix, prequant in (("", True), ("_inreg", False)):
+                LAUNCH["prequant"] = prequant
+                r[f"{name}_bwd{suffix}_ms"] = _bench(
+                    lambda: triton_backward(q, k, v, o_arg, lse, do, scale=scale, mask=mask, config=cfg))
+            LAUNCH["prequant"] = True
             r[f"{name}_bwd_tflops"] = 2.5 * fl / r[f"{name}_bwd_ms"] / 1e9
         for name in ("sdpa_flash", "sdpa_cudnn"):
             if f"{name}_fwdbwd_ms" in r:
@@ -117,7 +121,7 @@ def run(seqs, b, h, d, out_dir):
         with open(os.path.join(out_dir, "bench_backward.json"), "w") as f:
             json.dump(rows, f, indent=1)
     cols = [("S", "S"), ("fp8_delta_fwd_ms", "fp8 fwd"), ("fp8_delta_bwd_ms", "bwd matched"),
-            ("fp8_stale_bwd_ms", "bwd stale"), ("matched_over_stale_bwd", "m/s"),
+            ("fp8_stale_bwd_ms", "bwd stale"), ("fp8_delta_bwd_inreg_ms", "bwd m inreg"), ("matched_over_stale_bwd", "m/s"),
             ("fp8_delta_fwdbwd_ms", "fp8 f+b"), ("fp8_delta_fwdbwd_tflops", "TF/s"),
             ("sdpa_flash_fwdbwd_ms", "flash f+b"), ("sdpa_flash_fwdbwd_tflops", "TF/s"),
             ("sdpa_cudnn_fwdbwd_ms", "cudnn f+b"), ("sdpa_cudnn_fwdbwd_tflops", "TF/s"),

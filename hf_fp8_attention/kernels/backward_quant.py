@@ -77,7 +77,7 @@ def quant_rows(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr
     xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
     if INTERPRET:
         xs = _round_to_fp8_grid(xs, FMT_MAX)
-    return xs.to(DTYPE), scale
+    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale
 
 
 @triton.jit
@@ -89,4 +89,4 @@ def quant_cols(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr
     xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
     if INTERPRET:
         xs = _round_to_fp8_grid(xs, FMT_MAX)
-    return xs.to(DTYPE), scale
+    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale

@@ -1,0 +1,314 @@
+"""FP8 backward kernels on pre-quantized operands (the fast path of :mod:`.backward`).
+
+Same schedule and numerics as the in-register kernels of :mod:`.backward` (read its docstring for
+the maths), but Q, K, V and dO are quantized once, before the attention kernels, by
+:func:`hf_fp8_attention.kernels.quantize.quantize_operand` (IEEE division, RNE saturating cast:
+codes and scales bit-identical to the emulation):
+
+    Q : row-wise (per token, B1) and channel-wise per query tile (B5), the latter transposed
+    K : row-wise (B1) and channel-wise per key tile (B4), transposed
+    V : row-wise (B2);   dO: row-wise (B2) and channel-wise per query tile (B3), transposed
+
+The transposed channel-wise copies ``(B, H, DP, S_pad)`` make every matmul that contracts over
+tokens read a K-major operand (Hopper's FP8 MMA wants both operands K-major). Only P and dS are
+quantized inside the kernels, from fp32 registers; their codes use ``x · (1/scale)`` with the
+reciprocal computed once per row/column (exact for power-of-two scales; otherwise within one fp32
+ulp of ``x / scale``, which moves a code only at a rounding tie).
+
+The dK/dV kernel works in the transposed orientation (Sᵀ = K Qᵀ, tiles (BLOCK_K, BLOCK_Q)), so
+Pᵀ and dSᵀ are the A operands of dV and dK directly and "per column within the query tile"
+becomes a per-row scale.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .backward_quant import _max_nan, _round_to_fp8_grid, block_scales
+
+
+@triton.jit
+def _quant_tile(x, AXIS: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """x (R, C) fp32 -> codes, scales: one scale per row (AXIS=1) or per column (AXIS=0)."""
+    amax = tl.reduce(tl.abs(x), AXIS, _max_nan)
+    scale = block_scales(amax, FMT_MAX, POW2)
+    inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+    if AXIS == 1:
+        xs = x * inv[:, None]
+    else:
+        xs = x * inv[None, :]
+    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
+    if INTERPRET:
+        xs = _round_to_fp8_grid(xs, FMT_MAX)
+    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale
+
+
+@triton.jit
+def _rows(base, tok, ok, offs_d, BLOCK_D: tl.constexpr):
+    """(T, BLOCK_D) fp8 codes of a row-wise copy laid out (..., S, BLOCK_D)."""
+    return tl.load(base + tok[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _cols_t(base, tok, ok, offs_d, S_PAD):
+    """(BLOCK_D, T) fp8 codes of a transposed channel-wise copy laid out (..., BLOCK_D, S_PAD)."""
+    return tl.load(base + offs_d[:, None].to(tl.int64) * S_PAD + tok[None, :], mask=ok[None, :], other=0.0)
+
+
+@triton.jit
+def _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN: tl.constexpr):
+    if VARLEN:
+        q_start = tl.load(CU_Q + seq)
+        q_len = tl.load(CU_Q + seq + 1) - q_start
+        k_start = tl.load(CU_K + seq)
+        k_len = tl.load(CU_K + seq + 1) - k_start
+        batch = seq * 0
+    else:
+        q_start = seq * 0
+        q_len = SQ + seq * 0
+        k_start = seq * 0
+        k_len = SK + seq * 0
+        batch = seq
+    return batch, q_start, q_len, k_start, k_len
+
+
+@triton.jit
+def _slot(seq, tile, TOFF, VARLEN: tl.constexpr):
+    """Index of a tile's channel-wise scales (varlen: tiles of all sequences are packed)."""
+    if VARLEN:
+        s = tl.load(TOFF + seq) + tile
+    else:
+        s = tile
+    return s
+
+
+@triton.jit
+def _bwd_dq_prequant_kernel(
+    QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
+    DO, O, LSE, DQ, LSE2, DELTA, DBG_DSSUM, DBG_PABS,
+    CU_Q, CU_K, TOFF_K,
+    sdob, sdoh, sdos, sdod, sob, soh, sos, sod, slb, slh, sls,
+    H, G, SQ_TOTAL, SK_TOTAL, SK_PAD, NT_K, SQ, SK, window, qk_scale, tau,
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
+    DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """LSE' (log2 units), D and dQ = τ Σ_j dS_ij K_j for one query tile of one query head."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    seq = pid_bh // H
+    h = pid_bh % H
+    hk = h // G
+    HKV = H // G
+    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
+    m0 = pid_m * BLOCK_Q
+    if m0 >= q_len:
+        return
+    offs_m = m0 + tl.arange(0, BLOCK_Q)
+    row_ok = offs_m < q_len
+    shift = k_len - q_len
+    pos_q = offs_m + shift
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_D
+    offs_n0 = tl.arange(0, BLOCK_K)
+    rows = q_start + offs_m
+
+    bh_q = (batch * H + h).to(tl.int64)
+    bh_k = (batch * HKV + hk).to(tl.int64)
+    q8 = _rows(QR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D)
+    do8 = _rows(DOR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D)
+    sq = tl.load(QRS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0) * qk_scale
+    sdo = tl.load(DORS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
+    kr_base = KR + bh_k * SK_TOTAL * BLOCK_D
+    vr_base = VR + bh_k * SK_TOTAL * BLOCK_D
+    krs_base = KRS + bh_k * SK_TOTAL
+    vrs_base = VRS + bh_k * SK_TOTAL
+    kct_base = KCT + bh_k * BLOCK_D * SK_PAD
+    kcs_base = KCS + bh_k * NT_K * BLOCK_D
+
+    lo = 0
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(hi, m0 + BLOCK_Q + shift)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, m0 + shift - window + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, m0 + BLOCK_Q - 1 + shift + window)
+    lo = (lo // BLOCK_K) * BLOCK_K
+
+    stat_off = bh_q * SQ_TOTAL + rows
+    if MATCHED:
+        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_Q], tl.float32)
+        u_i = tl.zeros([BLOCK_Q], tl.float32)
+        for n0 in range(lo, hi, BLOCK_K):
+            offs_n = n0 + offs_n0
+            col_ok = offs_n < k_len
+            keys = k_start + offs_n
+            k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D)
+            v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D)
+            sk = tl.load(krs_base + keys, mask=col_ok, other=1.0)
+            sv = tl.load(vrs_base + keys, mask=col_ok, other=1.0)
+            s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
+            dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
+            vis = row_ok[:, None] & col_ok[None, :]
+            if CAUSAL:
+                vis = vis & (offs_n[None, :] <= pos_q[:, None])
+            if HAS_WINDOW:
+                vis = vis & ((pos_q[:, None] - offs_n[None, :]) < window)
+                if not CAUSAL:
+                    vis = vis & ((offs_n[None, :] - pos_q[:, None]) < window)
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            e = tl.math.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(e, 1)
+            u_i = u_i * alpha + tl.sum(tl.where(vis, e * dp, 0.0), 1)
+            m_i = m_new
+        empty = l_i == 0.0
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        delta = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))
+    else:
+        lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
+                       mask=row_ok, other=float("-inf")) * 1.4426950408889634
+        dmask = row_ok[:, None] & d_ok[None, :]
+        do_ptr = DO + batch.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + rows[:, None].to(tl.int64) * sdos + offs_d[None, :] * sdod
+        o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
+        delta = tl.sum(tl.load(do_ptr, mask=dmask, other=0.0).to(tl.float32)
+                       * tl.load(o_ptr, mask=dmask, other=0.0).to(tl.float32), 1)
+    tl.store(LSE2 + stat_off, lse2, mask=row_ok)
+    tl.store(DELTA + stat_off, delta, mask=row_ok)
+
+    dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    if DEBUG:
+        ds_sum = tl.zeros([BLOCK_Q], tl.float32)
+        pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
+    for n0 in range(lo, hi, BLOCK_K):
+        offs_n = n0 + offs_n0
+        col_ok = offs_n < k_len
+        keys = k_start + offs_n
+        k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D)
+        v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D)
+        sk = tl.load(krs_base + keys, mask=col_ok, other=1.0)
+        sv = tl.load(vrs_base + keys, mask=col_ok, other=1.0)
+        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
+        dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
+        vis = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            vis = vis & (offs_n[None, :] <= pos_q[:, None])
+        if HAS_WINDOW:
+            vis = vis & ((pos_q[:, None] - offs_n[None, :]) < window)
+            if not CAUSAL:
+                vis = vis & ((offs_n[None, :] - pos_q[:, None]) < window)
+        p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
+        ds = p * (dp - delta[:, None])
+        if DEBUG:
+            ds_sum += tl.sum(ds, 1)
+            pabs_sum += tl.sum(p * tl.abs(tl.where(vis, dp, 0.0)), 1)
+        # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
+        ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+        kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD)
+        skc = tl.load(kcs_base + _slot(seq, n0 // BLOCK_K, TOFF_K, VARLEN) * BLOCK_D + offs_d)
+        dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
+    dq = dq * tau
+    dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if DEBUG:
+        tl.store(DBG_DSSUM + stat_off, ds_sum, mask=row_ok)
+        tl.store(DBG_PABS + stat_off, pabs_sum, mask=row_ok)
+
+
+@triton.jit
+def _bwd_dkdv_prequant_kernel(
+    QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DORS, DOCT, DOCS,
+    LSE2, DELTA, DK, DV,
+    CU_Q, CU_K, TOFF_Q,
+    H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau,
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
+    DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """dK = τ Σ_g Σ_i dS_ij Q_i, dV = Σ_g Σ_i P_ij dO_i for one key tile of one kv head (transposed tiles)."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    HKV = H // G
+    seq = pid_bh // HKV
+    hk = pid_bh % HKV
+    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
+    n0 = pid_n * BLOCK_K
+    if n0 >= k_len:
+        return
+    offs_n = n0 + tl.arange(0, BLOCK_K)
+    col_ok = offs_n < k_len
+    keys = k_start + offs_n
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_D
+    offs_m0 = tl.arange(0, BLOCK_Q)
+    shift = k_len - q_len
+
+    bh_k = (batch * HKV + hk).to(tl.int64)
+    k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D)
+    v8 = _rows(VR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D)
+    sk = tl.load(KRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0) * qk_scale
+    sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
+
+    lo = 0
+    hi = q_len
+    if CAUSAL:
+        lo = tl.maximum(lo, n0 - shift)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, n0 + BLOCK_K - 1 + window - shift)
+        if not CAUSAL:
+            lo = tl.maximum(lo, n0 - window + 1 - shift)
+    lo = (lo // BLOCK_Q) * BLOCK_Q
+
+    dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    for g in range(0, G):
+        bh_q = (batch * H + hk * G + g).to(tl.int64)
+        qr_base = QR + bh_q * SQ_TOTAL * BLOCK_D
+        dor_base = DOR + bh_q * SQ_TOTAL * BLOCK_D
+        qct_base = QCT + bh_q * BLOCK_D * SQ_PAD
+        doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
+        for m0 in range(lo, hi, BLOCK_Q):
+            offs_m = m0 + offs_m0
+            row_ok = offs_m < q_len
+            rows = q_start + offs_m
+            q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D)
+            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D)
+            sq = tl.load(QRS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
+            sdo = tl.load(DORS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
+            lse2 = tl.load(LSE2 + bh_q * SQ_TOTAL + rows, mask=row_ok, other=float("-inf"))
+            delta = tl.load(DELTA + bh_q * SQ_TOTAL + rows, mask=row_ok, other=0.0)
+            # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
+            pos_q = offs_m + shift
+            vis = col_ok[:, None] & row_ok[None, :]
+            if CAUSAL:
+                vis = vis & (offs_n[:, None] <= pos_q[None, :])
+            if HAS_WINDOW:
+                vis = vis & ((pos_q[None, :] - offs_n[:, None]) < window)
+                if not CAUSAL:
+                    vis = vis & ((offs_n[:, None] - pos_q[None, :]) < window)
+            pt = tl.where(vis, tl.math.exp2(st - lse2[None, :]), 0.0)
+            dst = pt * (dpt - delta[None, :])
+            slot = _slot(seq, m0 // BLOCK_Q, TOFF_Q, VARLEN)
+            # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
+            p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
+            doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD)
+            sdoc = tl.load(DOCS + (bh_q * NT_Q + slot) * BLOCK_D + offs_d)
+            dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
+            # B5: dS per column of the query tile, Q per channel within the tile.
+            ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+            qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD)
+            sqc = tl.load(QCS + (bh_q * NT_Q + slot) * BLOCK_D + offs_d)
+            dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+    dk = dk * tau
+    st_mask = col_ok[:, None] & d_ok[None, :]
+    off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+    tl.store(DK + off, dk.to(DK.dtype.element_ty), mask=st_mask)
+    tl.store(DV + off, dv.to(DV.dtype.element_ty), mask=st_mask)
