@@ -225,15 +225,26 @@ def test_packed_sequences_equal_separate_runs(flash_kwargs, use_cache):
             start += len(s)
 
 
-def test_packed_rows_in_a_larger_batch():
-    """Packing detected per row from position_ids (batch > 1, no padding)."""
+@pytest.mark.parametrize("padded", [False, True])
+def test_packed_rows_in_a_larger_batch(padded):
+    """Packing detected per row from position_ids (batch > 1), also together with padding.
+
+    (sdpa ignores position_ids once a padding mask is given and lets such sequences see each other.)
+    """
     model = tiny_model("llama")
     a, b, c, d = (tokens(n, seed=20 + n) for n in (10, 14, 16, 8))
     ids = torch.stack([torch.cat([a, b]), torch.cat([c, d])])
     pos = torch.stack([torch.cat([torch.arange(10), torch.arange(14)]), torch.cat([torch.arange(16), torch.arange(8)])])
+    pieces = [(0, 0, a), (0, 10, b), (1, 0, c), (1, 16, d)]
+    mask = None
+    if padded:  # row 1 holds c and 8 padding tokens instead of d
+        mask = torch.ones_like(ids)
+        mask[1, 16:] = 0
+        ids[1, 16:], pos[1, 16:] = 0, 0
+        pieces = pieces[:3]
     with torch.no_grad():
-        packed = model(ids, position_ids=pos).logits
-        for row, start, s in ((0, 0, a), (0, 10, b), (1, 0, c), (1, 16, d)):
+        packed = model(ids, position_ids=pos, attention_mask=mask).logits
+        for row, start, s in pieces:
             assert rel(packed[row, start : start + len(s)], model(s[None]).logits[0]) < TIGHT
 
 

@@ -108,3 +108,23 @@ def test_bad_arguments():
         plan_varlen(torch.ones(2, 3), 3)
     with pytest.raises(ValueError, match="q_len"):
         plan_varlen(torch.ones(2, 3, dtype=torch.bool), 4)
+
+
+def _bools(*rows):
+    return torch.tensor([[c == "1" for c in r] for r in rows])
+
+
+def test_segments_ignore_padding_positions():
+    from hf_fp8_attention.integration.varlen import segments_from_positions
+
+    # Left padding as generate() builds it (padding at position 1), and a hole the positions skip.
+    assert segments_from_positions(torch.tensor([[1, 1, 0, 1, 2]]), _bools("00111")) is None
+    assert segments_from_positions(torch.tensor([[0, 1, 1, 2]]), _bools("1101")) is None
+    # Arange positions broadcast over a batch: one sequence per row.
+    assert segments_from_positions(torch.arange(6)[None], _bools("111111", "111100")) is None
+    # Packed + right padding: restarts among valid tokens split; the padding does not matter.
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0], [0, 1, 2, 3, 4, 5, 6]])
+    valid = _bools("1111100", "1111111")
+    segments = segments_from_positions(pos, valid)
+    plan = plan_varlen(valid, 7, segments)
+    assert plan.cu_seqlens_q.tolist() == plan.cu_seqlens_k.tolist() == [0, 3, 5, 12]

@@ -25,12 +25,12 @@ from typing import Callable
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, find_packed_sequence_indices, flash_attention_mask
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 from transformers.utils import logging
 
 from ..config import RECIPES, FP8AttentionConfig
 from ..functional import fp8_attention
-from .varlen import pack, plan_varlen, unpack
+from .varlen import pack, plan_varlen, segments_from_positions, unpack
 
 logger = logging.get_logger(__name__)
 
@@ -112,17 +112,30 @@ def _padding_mask(attention_mask: torch.Tensor | None, kv_len: int) -> torch.Ten
     return None if valid.shape[1] == kv_len and bool(valid.all()) else valid
 
 
-def _packed_segments(position_ids: torch.Tensor | None, batch: int, q_len: int) -> torch.Tensor | None:
-    """``(B, S)`` packed-sequence ids when ``position_ids`` restart within a row, else None."""
+def _packed_segments(position_ids, valid, batch, q_len, kv_len, device) -> torch.Tensor | None:
+    """``(B, kv_len)`` packed-sequence ids when ``position_ids`` restart among a row's valid tokens, else None.
+
+    Packing is read without a KV cache only (``q_len == kv_len``): with a cache the positions cover
+    the new queries alone, and restarting positions there are an error rather than a guess.
+    """
     if position_ids is None:
         return None
-    if position_ids.dim() != 2 or position_ids.shape[-1] != q_len:
+    if position_ids.dim() != 2 or position_ids.shape[-1] != q_len or position_ids.shape[0] not in (1, batch):
         logger.warning_once(
             f"FP8 attention: position_ids of shape {tuple(position_ids.shape)} are not (batch, {q_len}); they are "
             "not used to detect packed sequences (pass cu_seq_lens_q/k for packed batches)"
         )
         return None
-    return find_packed_sequence_indices(position_ids.expand(batch, -1))
+    if valid is None:
+        valid = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+    valid = valid.to(device)
+    segments = segments_from_positions(position_ids, valid[:, kv_len - q_len :])
+    if segments is not None and q_len != kv_len:
+        raise ValueError(
+            f"FP8 attention: position_ids restart inside a row (packed sequences) while q_len={q_len} differs from "
+            f"kv_len={kv_len} (KV cache); packed sequences are supported without a cache only"
+        )
+    return segments
 
 
 def _explicit_cu_seqlens(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -174,24 +187,18 @@ def fp8_attention_forward(
         return out.transpose(1, 2).contiguous(), None
 
     valid = _padding_mask(attention_mask, key.shape[2])
-    segments = None
-    if valid is None:
-        segments = _packed_segments(kwargs.get("position_ids"), batch, q_len)
-        if segments is not None and q_len != key.shape[2]:
-            raise ValueError(
-                f"FP8 attention: position_ids restart inside a row (packed sequences) while q_len={q_len} differs from "
-                f"kv_len={key.shape[2]} (KV cache); packed sequences are supported without a cache only"
-            )
+    if valid is not None and valid.shape[1] < key.shape[2]:
+        # A static cache is longer than the tokens seen so far: its tail holds no keys yet.
+        key, value = key[:, :, : valid.shape[1]], value[:, :, : valid.shape[1]]
+    kv_len = key.shape[2]
+    segments = _packed_segments(kwargs.get("position_ids"), valid, batch, q_len, kv_len, query.device)
     if valid is None and segments is None:
         out = fp8_attention(query, key, value, **call)  # dense path: plain causal (+ window)
         return out.transpose(1, 2).contiguous(), None
 
-    if valid is not None and valid.shape[1] < key.shape[2]:
-        # A static cache is longer than the tokens seen so far: its tail holds no keys yet.
-        key, value = key[:, :, : valid.shape[1]], value[:, :, : valid.shape[1]]
     if valid is None:
-        valid = torch.ones(batch, key.shape[2], dtype=torch.bool, device=query.device)
-    plan = plan_varlen(valid.to(query.device), q_len, None if segments is None else segments.to(query.device))
+        valid = torch.ones(batch, kv_len, dtype=torch.bool, device=query.device)
+    plan = plan_varlen(valid.to(query.device), q_len, segments)
     if plan.has_holes and window is not None:
         raise NotImplementedError(
             "FP8 attention: the padding mask has holes inside a sequence and this layer uses a sliding window; "

@@ -54,8 +54,9 @@ def plan_varlen(valid: torch.Tensor, q_len: int, segment_ids: torch.Tensor | Non
     Args:
         valid: ``(B, kv_len)`` bool, True for real tokens (the 2D padding mask; all True if none).
         q_len: number of queries per row; they are the last ``q_len`` key positions.
-        segment_ids: optional ``(B, kv_len)`` integer, non-decreasing along each row: tokens of one
-            row with different ids belong to different packed sequences (never see each other).
+        segment_ids: optional ``(B, kv_len)`` integer ids: consecutive valid tokens of one row with
+            different ids belong to different packed sequences (never see each other); values on
+            padding are ignored, and ids must lie in ``[0, B * kv_len]``.
     """
     if valid.dim() != 2 or valid.dtype != torch.bool:
         raise ValueError(f"plan_varlen: valid must be a 2-D bool tensor, got {valid.dtype} {tuple(valid.shape)}")
@@ -67,8 +68,8 @@ def plan_varlen(valid: torch.Tensor, q_len: int, segment_ids: torch.Tensor | Non
     seg = torch.zeros_like(valid, dtype=torch.long) if segment_ids is None else segment_ids.long()
     if seg.shape != valid.shape:
         raise ValueError(f"plan_varlen: segment_ids shape {tuple(seg.shape)} != valid shape {tuple(valid.shape)}")
-    # One key per (row, segment): segment ids lie in [0, kv_len], so row * (kv_len + 1) + seg is unique.
-    group_key = (rows * (kv_len + 1) + seg).reshape(-1)
+    # One key per (row, segment): ids lie in [0, B * kv_len], so row * (B * kv_len + 1) + seg is unique.
+    group_key = (rows * (batch * kv_len + 1) + seg).reshape(-1)
     idx_k = valid.reshape(-1).nonzero().squeeze(1)
     keys = group_key[idx_k]
     starts = torch.ones_like(keys, dtype=torch.bool)
@@ -112,3 +113,35 @@ def unpack(x: torch.Tensor, indices: torch.Tensor, batch: int, seq_len: int) -> 
     tokens = x.squeeze(0).transpose(0, 1)  # (T, H, D)
     out = tokens.new_zeros(batch * seq_len, h, d).index_copy(0, indices, tokens)
     return out.view(batch, seq_len, h, d)
+
+
+def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+    """Packed-sequence ids from ``position_ids`` restarting, looking at valid tokens only.
+
+    A new sequence starts wherever a valid token's position is not the previous valid token's
+    position + 1 (in the same row), as Transformers' ``find_packed_sequence_indices`` decides for
+    unpadded rows. Skipping padding matters: left-padded ``generate`` gives padding arbitrary
+    positions, and a hole in the mask must not split a sequence whose positions continue over it.
+
+    Args:
+        position_ids: ``(B, S)`` integer positions (``(1, S)`` is broadcast over the batch).
+        valid: ``(B, S)`` bool, True for real tokens.
+    Returns:
+        ``(B, S)`` int64 ids (distinct for distinct sequences; arbitrary on padding), or None when
+        no row holds more than one sequence.
+    """
+    batch, seq_len = valid.shape
+    pos = position_ids.to(valid.device).expand(batch, seq_len).reshape(-1)
+    idx = valid.reshape(-1).nonzero().squeeze(1)
+    if idx.numel() < 2:
+        return None
+    p, rows = pos[idx], idx // seq_len
+    same_row = rows[1:] == rows[:-1]
+    restart = same_row & (p[1:] != p[:-1] + 1)
+    if not bool(restart.any()):
+        return None
+    starts = torch.ones_like(p, dtype=torch.bool)
+    starts[1:] = restart | ~same_row
+    segments = torch.zeros(batch * seq_len, dtype=torch.long, device=valid.device)
+    segments[idx] = starts.cumsum(0)
+    return segments.view(batch, seq_len)
