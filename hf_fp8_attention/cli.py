@@ -130,7 +130,7 @@ def cmd_demo(args) -> int:
 
         datasets.disable_progress_bars()
     summary = run_demo(settings, args.out_dir, device, progress=not args.no_progress)
-    print()
+    print("\n=== summary ===")
     print(format_table(summary))
     print(f"\nloss curves: {summary['plot']}\nsummary: {Path(args.out_dir) / 'summary.json'}")
     print("row-sum residual: median over query rows of |sum_j dS_ij| / sum_j P_ij|dP_ij| for the run's FP8 "
