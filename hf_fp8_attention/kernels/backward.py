@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
-from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel
+from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, prequantize, tile_offsets
 from .backward_quant import quant_cols, quant_rows
 
 LOG2E = 1.4426950408889634
@@ -478,25 +478,18 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
 def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                      n_seq, max_q, max_k, scale, mask, config, debug):
     """FP8 mode on operands quantized once up front (kernels in backward_prequant.py)."""
-    from .quantize import quantize_operand
-
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
-    cq = cu_q if mask.is_varlen else None
-    ck = cu_k if mask.is_varlen else None
-    mq = max_q if mask.is_varlen else None
-    mk = max_k if mask.is_varlen else None
-    qr, qrs, qct, qcs, toff_q = quantize_operand(q, row=True, col=True, block=bq, row_format=config.q_format,
-                                                 col_format=config.q_format, pow2=pow2, cu_seqlens=cq, max_seqlen=mq)
-    kr, krs, kct, kcs, toff_k = quantize_operand(k, row=True, col=True, block=bk, row_format=config.k_format,
-                                                 col_format=config.k_format, pow2=pow2, cu_seqlens=ck, max_seqlen=mk)
-    vr, vrs, _, _, _ = quantize_operand(v, row=True, col=False, block=bk, row_format=config.v_format, pow2=pow2,
-                                        cu_seqlens=ck, max_seqlen=mk)
-    dor, dors, doct, docs, _ = quantize_operand(dout, row=True, col=True, block=bq, row_format=config.do_format,
-                                                col_format=config.do_format, pow2=pow2, cu_seqlens=cq, max_seqlen=mq)
-    toff_q = cu_q if toff_q is None else toff_q
-    toff_k = cu_k if toff_k is None else toff_k
+    varlen = mask.is_varlen
+    toff_q = tile_offsets(cu_q, bq) if varlen else cu_q
+    toff_k = tile_offsets(cu_k, bk) if varlen else cu_k
+    pq = dict(pow2=pow2, cu_seqlens=cu_q if varlen else None, max_seqlen=max_q, tile_off=toff_q)
+    pk = dict(pow2=pow2, cu_seqlens=cu_k if varlen else None, max_seqlen=max_k, tile_off=toff_k)
+    qr, qrs, qct, qcs = prequantize(q, col=True, block=bq, fmt=config.q_format, **pq)
+    kr, krs, kct, kcs = prequantize(k, col=True, block=bk, fmt=config.k_format, **pk)
+    vr, vrs, _, _ = prequantize(v, col=False, block=bk, fmt=config.v_format, **pk)
+    dor, dors, doct, docs = prequantize(dout, col=True, block=bq, fmt=config.do_format, **pq)
     interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
     common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_Q=bq, BLOCK_K=bk, CAUSAL=bool(mask.causal),
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,

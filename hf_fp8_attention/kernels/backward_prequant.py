@@ -21,10 +21,15 @@ becomes a per-row scale.
 """
 from __future__ import annotations
 
+import os
+
+import torch
 import triton
 import triton.language as tl
 
-from .backward_quant import _max_nan, _round_to_fp8_grid, block_scales
+from ..config import FP8Format
+
+from .backward_quant import _max_nan, _round_to_fp8_grid, block_scales, quant_cols, quant_rows
 
 
 @triton.jit
@@ -312,3 +317,84 @@ def _bwd_dkdv_prequant_kernel(
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     tl.store(DK + off, dk.to(DK.dtype.element_ty), mask=st_mask)
     tl.store(DV + off, dv.to(DV.dtype.element_ty), mask=st_mask)
+
+
+@triton.jit
+def _prequant_kernel(
+    X, sxb, sxh, sxs, sxd,
+    ROW, ROWS, COLT, COLS,  # (B, H, S, BLOCK_D) codes, (B, H, S) scales, (B, H, BLOCK_D, S_PAD) codes, (B, H, NT, BLOCK_D)
+    CU, TOFF,
+    H, S, S_PAD, NT,
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr, COL: tl.constexpr,
+    POW2: tl.constexpr, FMT_MAX: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Row-wise codes (one scale per token) and, with COL, transposed channel-wise codes (one scale
+    per channel within each tile of BLOCK_S tokens, tiles starting at each sequence start) of one
+    tile of x (B, H, S, D). Rules of quant.quantize (NaN kept, IEEE division, tiny-scale floor)."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    seq = bh // H
+    h = bh % H
+    if VARLEN:
+        start = tl.load(CU + seq)
+        length = tl.load(CU + seq + 1) - start
+        slot = tl.load(TOFF + seq) + tile
+        b = seq * 0
+    else:
+        start = seq * 0
+        length = S + seq * 0
+        slot = tile + seq * 0
+        b = seq
+    if tile * BLOCK_S >= length:
+        return
+    offs = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+    ok = offs < length
+    tok = start + offs
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_D
+    x = tl.load(X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd,
+                mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    bhi = (b * H + h).to(tl.int64)
+    codes, scale = quant_rows(x, FMT_MAX, POW2, DTYPE, INTERPRET)
+    tl.store(ROWS + bhi * S + tok, scale, mask=ok)
+    tl.store(ROW + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :], codes, mask=ok[:, None])
+    if COL:
+        ccodes, cscale = quant_cols(x, FMT_MAX, POW2, DTYPE, INTERPRET)
+        tl.store(COLS + (bhi * NT + slot) * BLOCK_D + offs_d, cscale)
+        tl.store(COLT + (bhi * BLOCK_D + offs_d[:, None]) * S_PAD + tok[None, :], tl.trans(ccodes), mask=ok[None, :])
+
+
+def prequantize(x: torch.Tensor, *, col: bool, block: int, fmt: FP8Format, pow2: bool,
+                cu_seqlens: torch.Tensor | None, max_seqlen: int, tile_off: torch.Tensor | None):
+    """FP8 copies of ``x (B, H, S, D)`` (any strides; varlen: B == 1 and int32 ``cu_seqlens``).
+
+    Returns ``(row (B, H, S, DP) fp8, row_scales (B, H, S) fp32, col_t (B, H, DP, S_pad) fp8 | None,
+    col_scales (B, H, NT, DP) fp32 | None)`` with DP = next_pow2(D), S_pad = S rounded up to 16;
+    tile ``t`` of sequence ``i`` has scale slot ``tile_off[i] + t`` (varlen) or ``t`` (dense).
+    """
+    b, h, s, d = x.shape
+    dp = triton.next_power_of_2(d)
+    s_pad = triton.cdiv(max(s, 1), 16) * 16
+    n_tiles = (s // block + (cu_seqlens.numel() - 1)) if cu_seqlens is not None else triton.cdiv(max(s, 1), block)
+    row = torch.empty(b, h, s, dp, dtype=fmt.dtype, device=x.device)
+    rows = torch.empty(b, h, s, dtype=torch.float32, device=x.device)
+    colt = torch.zeros(b, h, dp, s_pad, dtype=fmt.dtype, device=x.device) if col else row
+    cols = torch.ones(b, h, n_tiles, dp, dtype=torch.float32, device=x.device) if col else rows
+    varlen = cu_seqlens is not None
+    n_seq = cu_seqlens.numel() - 1 if varlen else b
+    grid = (triton.cdiv(max(max_seqlen, 1), block), n_seq * h)
+    _prequant_kernel[grid](
+        x, *x.stride(), row, rows, colt, cols,
+        cu_seqlens if varlen else rows, tile_off if varlen else rows,
+        h, s, s_pad, n_tiles,
+        HEAD_D=d, BLOCK_D=dp, BLOCK_S=block, VARLEN=varlen, COL=col, POW2=pow2, FMT_MAX=fmt.max,
+        DTYPE=tl.float8e4nv if fmt is FP8Format.E4M3 else tl.float8e5,
+        INTERPRET=os.environ.get("TRITON_INTERPRET", "0") == "1", num_warps=4,
+    )
+    return row, rows, (colt if col else None), (cols if col else None)
+
+
+def tile_offsets(cu_seqlens: torch.Tensor, block: int) -> torch.Tensor:
+    """int32 (n_seq,): first scale slot of each sequence's tiles (exclusive cumsum of its tile count)."""
+    n = ((cu_seqlens[1:] - cu_seqlens[:-1]) + block - 1) // block
+    return (torch.cumsum(n, 0) - n).to(torch.int32)
