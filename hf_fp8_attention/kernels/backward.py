@@ -49,10 +49,14 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
 # ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
 # (backward_prequant.py) instead of re-quantizing them in registers inside every program's loop.
+# ``free_tile``: the tile side that is not a quantization block in the pre-quantized kernels (the dQ
+# kernel's query rows, the dK/dV kernel's key rows; every scale there is per token or per block of
+# the other side), so it can be smaller than the recipe's blocks to save registers. None: the block.
 LAUNCH = {
     "prequant": True,
     "dq": {"num_warps": 8, "num_stages": 1},
     "dkdv": {"num_warps": 8, "num_stages": 1},
+    "free_tile": {"dq": 64, "dkdv": 64},
 }
 
 
@@ -491,23 +495,25 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     vr, vrs, _, _ = prequantize(v, col=False, block=bk, fmt=config.v_format, **pk)
     dor, dors, doct, docs = prequantize(dout, col=True, block=bq, fmt=config.do_format, **pq)
     interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_Q=bq, BLOCK_K=bk, CAUSAL=bool(mask.causal),
+    common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), CAUSAL=bool(mask.causal),
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
                   DS_DTYPE=_tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
     window = mask.window if mask.window is not None else 0
     qk_scale = float(scale) * LOG2E
-    _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bq), n_seq * hq)](
+    bm = LAUNCH["free_tile"]["dq"] or bq
+    bn = LAUNCH["free_tile"]["dkdv"] or bk
+    _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bm), n_seq * hq)](
         qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
         dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
         *dout.stride(), *o.stride(), *lse.stride(),
         hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, **LAUNCH["dq"],
+        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, **LAUNCH["dq"],
     )
-    _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bk), n_seq * hkv)](
+    _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bn), n_seq * hkv)](
         qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
         lse2, delta, dk, dv, cu_q, cu_k, toff_q,
         hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        **common, **LAUNCH["dkdv"],
+        **common, BLOCK_Q=bq, BLOCK_K=bn, **LAUNCH["dkdv"],
     )
 
 

@@ -134,6 +134,40 @@ def run(seqs, b, h, d, out_dir):
     return rows
 
 
+SWEEP = [  # (free tile dq, free tile dkdv, warps dq, warps dkdv, stages)
+    (64, 64, 4, 4, 2), (64, 64, 8, 8, 1), (64, 64, 4, 8, 2), (128, 128, 8, 8, 1), (64, 128, 4, 8, 1), (32, 32, 4, 4, 2),
+]
+
+
+def sweep(s, b, h, d):
+    """bwd-only matched time per launch variant (causal, bf16) at one shape; leaves the fastest in LAUNCH."""
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    mask, cfg = MaskSpec(causal=True), FP8AttentionConfig()
+    _, lse = triton_forward(q, k, v, scale=d**-0.5, mask=mask, config=cfg)
+    best = None
+    for bm, bn, wq, wk, st in SWEEP:
+        LAUNCH["free_tile"] = {"dq": bm, "dkdv": bn}
+        LAUNCH["dq"] = {"num_warps": wq, "num_stages": st}
+        LAUNCH["dkdv"] = {"num_warps": wk, "num_stages": st}
+        try:
+            ms = _bench(lambda: triton_backward(q, k, v, None, lse, do, scale=d**-0.5, mask=mask, config=cfg), rep=100)
+        except Exception as err:  # noqa: BLE001 (a variant that does not compile is reported)
+            print(f"sweep {bm},{bn},{wq},{wk},{st}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+            continue
+        print(f"sweep S={s} free_tile=({bm},{bn}) warps=({wq},{wk}) stages={st}: {ms:.3f} ms "
+              f"{2.5 * _flops_fwd(b, h, s, d) / ms / 1e9:.0f} TFLOP/s", flush=True)
+        if best is None or ms < best[0]:
+            best = (ms, bm, bn, wq, wk, st)
+    _, bm, bn, wq, wk, st = best
+    LAUNCH["free_tile"] = {"dq": bm, "dkdv": bn}
+    LAUNCH["dq"] = {"num_warps": wq, "num_stages": st}
+    LAUNCH["dkdv"] = {"num_warps": wk, "num_stages": st}
+    print(f"best launch: {LAUNCH}", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="4096,8192,16384")
@@ -141,5 +175,8 @@ if __name__ == "__main__":
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
+    ap.add_argument("--sweep", action="store_true", help="first try launch variants at S=8192, keep the fastest")
     a = ap.parse_args()
+    if a.sweep:
+        sweep(8192, a.batch, a.heads, a.head_dim)
     run([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.out)
