@@ -127,6 +127,28 @@ def test_logits_and_gradients_close_to_sdpa(family):
     assert any(not torch.equal(results["fp8_delta"][1][n], results["fp8_stale"][1][n]) for n in names)
 
 
+def test_bf16_model_close_to_sdpa():
+    """bf16 weights and activations (the usual training dtype): the FP8 error adds to bf16's own."""
+    model = tiny_model("llama", "sdpa")
+    x = tokens(2, 40)
+    exact_logits, exact_grads = logits_and_grads(same_weights(model, "sdpa", torch.float64), x)
+    bf16_logits, _ = logits_and_grads(same_weights(model, "sdpa", torch.bfloat16), x)
+    fp8_logits, fp8_grads = logits_and_grads(same_weights(model, "fp8_delta", torch.bfloat16), x)
+    assert fp8_logits.dtype == torch.bfloat16 and torch.isfinite(fp8_logits).all()
+    assert rel(fp8_logits, exact_logits) < FP8_LOGITS_BUDGET + rel(bf16_logits, exact_logits)
+    assert all(torch.isfinite(g).all() for g in fp8_grads.values())
+
+
+def test_import_registers_attention_and_mask_functions():
+    """Both registries: a name without a mask function would get attention_mask=None (padding lost)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    for name in ("fp8_delta", "fp8_stale"):
+        assert name in AttentionInterface()
+        assert ALL_MASK_ATTENTION_FUNCTIONS[name] is transformers_backend.fp8_padding_mask
+        assert registered_fp8_config(name) == hf_fp8_attention.RECIPES[name]
+
+
 def test_mistral_window_is_applied():
     """The window reaches the kernel: FP8 is close to windowed sdpa, far from sdpa without window."""
     model = tiny_model("mistral", "fp8_delta")

@@ -70,7 +70,7 @@ def fp8_padding_mask(
     )
 
 
-def _reject_unsupported(module: torch.nn.Module, head_dim: int, dropout: float, kwargs: dict) -> None:
+def _reject_unsupported(module: torch.nn.Module, dropout: float, kwargs: dict) -> None:
     """Raise for requests the FP8 recipe cannot honour; warn once for output_attentions."""
     if dropout:
         raise NotImplementedError(
@@ -172,8 +172,8 @@ def fp8_attention_forward(
     Returns:
         ``(B, Sq, Hq, D)`` contiguous in the query dtype, and ``None`` (no attention weights).
     """
-    batch, _, q_len, head_dim = query.shape
-    _reject_unsupported(module, head_dim, dropout, kwargs)
+    batch, _, q_len, _ = query.shape
+    _reject_unsupported(module, dropout, kwargs)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = kwargs.get("sliding_window")
     window = int(window) if window is not None else None
