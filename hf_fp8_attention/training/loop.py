@@ -24,6 +24,7 @@ def _sync(device: torch.device) -> None:
 @torch.no_grad()
 def evaluate(model, blocks: torch.Tensor, *, batch_size: int, device, autocast_dtype=None) -> float:
     """Mean token loss over ``blocks (N, S)``."""
+    device = torch.device(device)
     model.eval()
     total, count = 0.0, 0
     for start in range(0, len(blocks), batch_size):
