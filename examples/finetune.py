@@ -65,7 +65,8 @@ def main(argv=None) -> dict:
     quiet_datasets(args)
     out = output_dir(args, "finetune")
     corpus, tokenizer, config = prepare(args)
-    train_ds, eval_ds = split_train_eval(chunk_documents(corpus, tokenizer, args.seq_len), seed=args.seed)
+    train_ds, eval_ds = split_train_eval(chunk_documents(corpus, tokenizer, args.seq_len), seed=args.seed,
+                                         max_eval=64 if args.setting == "tiny" else 1024)
     dtype = torch.bfloat16 if (args.bf16 and args.model) else None  # built models: fp32 master weights
     model = build_model(config, args.attn, model_path=args.model, dtype=dtype, seed=args.seed)
     if args.lora:

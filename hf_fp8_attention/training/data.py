@@ -59,11 +59,11 @@ def _nonempty(ds, seq_len: int):
     return ds
 
 
-def split_train_eval(ds, eval_fraction: float = 0.05, seed: int = 0, min_eval: int = 2):
-    """A (train, eval) split; eval gets at least ``min_eval`` examples (and train at least one)."""
+def split_train_eval(ds, eval_fraction: float = 0.05, seed: int = 0, min_eval: int = 2, max_eval: int = 1024):
+    """A (train, eval) split: ``eval_fraction`` of the examples, clamped to ``[min_eval, max_eval]``."""
     if len(ds) < min_eval + 1:
         raise UsageError(f"the dataset has only {len(ds)} example(s); need at least {min_eval + 1}")
-    n_eval = max(min_eval, int(len(ds) * eval_fraction))
+    n_eval = max(min_eval, min(max_eval, int(len(ds) * eval_fraction)))
     parts = ds.train_test_split(test_size=n_eval, seed=seed, shuffle=True)
     return parts["train"], parts["test"]
 

@@ -88,6 +88,7 @@ def run_demo(settings: DemoSettings, out_dir: str | Path, device: torch.device, 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     png = plot_loss_curves(curves, out_dir / "loss_curves.png", smooth=max(1, settings.steps // 20),
+                           reference="sdpa" if "sdpa" in curves else None,
                            title=f"demo: {settings.family}-{settings.size}, seq {settings.seq_len}")
     summary = {"settings": asdict(settings), "device": str(device), "results": results, "plot": str(png),
                "curves": {k: v[1] for k, v in curves.items()}}
