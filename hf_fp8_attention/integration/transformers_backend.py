@@ -15,6 +15,19 @@ Each name is registered twice, as Transformers requires for a backend that honou
 Decode (``q_len < kv_len`` with a KV cache) runs the same FP8 forward with the causal diagonal
 aligned to the end of the keys; with padding (left-padded ``generate``) it goes through varlen.
 
+Packing is read from ``cu_seq_lens_q/k`` kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``)
+or from ``position_ids`` restarting among a row's valid tokens, with or without a KV cache in the
+forward and with or without padding: packed sequences never see each other (sdpa lets them leak
+when ``use_cache=True`` or when a padding mask is also given). A static cache longer than the mask
+is cut to the mask's length (as Transformers' flash path does). Planning the varlen batch reads a
+few sizes on the host (one device sync per layer on padded or packed batches, as FlashAttention-2
+in Transformers); plain causal batches take the dense path without any.
+
+The recipe is bound per registered name: ``"fp8_delta"`` / ``"fp8_stale"`` use
+``RECIPES[name]``; :func:`register_fp8_attention` adds a name with any :class:`FP8AttentionConfig`.
+Transformers does not save the attention implementation with a checkpoint: pass
+``attn_implementation=...`` again to ``from_pretrained`` (after ``import hf_fp8_attention``).
+
 Anything the FP8 recipe cannot honour raises a clear error rather than being dropped: dropout,
 logit softcapping, attention sinks (``s_aux``), 4D or custom mask functions, chunked attention and
 unsupported head dims. ``output_attentions=True`` gets one warning and ``None`` weights (as sdpa).
