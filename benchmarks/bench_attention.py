@@ -182,7 +182,17 @@ def run(args) -> tuple[dict, list[dict]]:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     del q, k, v
+    env["forward_autotune"] = _autotune_choices()
     return env, rows
+
+
+def _autotune_choices() -> dict:
+    """The launch configuration the forward's autotuner picked per key (empty if pinned)."""
+    try:
+        from hf_fp8_attention.kernels.forward import _fwd_kernel_tuned
+    except Exception:  # noqa: BLE001
+        return {}
+    return {str(key): str(cfg) for key, cfg in getattr(_fwd_kernel_tuned, "cache", {}).items()}
 
 
 def _cell(row, key, field="tflops"):
@@ -206,6 +216,9 @@ def render(env, rows, args) -> str:
     lines.append(f"torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · cuDNN {env['cudnn']} · "
                  f"python {env['python']} · {env['date_utc']} UTC · {args.tokens} tokens per batch · "
                  f"FP8 backward kernel: {env['fp8_backward_kernel']}")
+    if env.get("forward_autotune"):
+        lines.append("")
+        lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))
     lines.append("")
     lines.append("TFLOP/s (forward 4·B·H·S²·D, halved when causal; backward 2.5x; fwd+bwd 3.5x). "
                  "Ratios: ours / SDPA cuDNN (x cudnn) and ours / SDPA flash (x flash).")

@@ -6,7 +6,8 @@
   implementations, so ``torch.compile`` traces the attention call as one opaque node (no graph
   break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none)
   and the optional ``cu_seqlens`` tensors; the config travels as its canonical string key.
-- :class:`FP8AttentionFunction` saves what the backward needs (O only for the stale delta).
+- The forward op carries its autograd formula (the backward op); :class:`FP8AttentionFunction`
+  is the entry point. The backward saves O only for the stale delta.
 """
 from __future__ import annotations
 
@@ -195,23 +196,39 @@ def _flat_mask(mask: MaskSpec) -> tuple:
     return bool(mask.causal), window, mask.cu_seqlens_q, mask.cu_seqlens_k
 
 
-class FP8AttentionFunction(torch.autograd.Function):
-    """``out = attention(q, k, v)`` in FP8, with the configured backward (shapes: see reference.py)."""
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, causal, window, cu_q, cu_k, key = inputs
+    out, lse = output
+    keep_out = _config_from_key(key).delta is DeltaMode.STALE  # matched mode never reads O
+    ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
+    ctx.args = (scale, causal, window, cu_q, cu_k, key)
+    ctx.set_materialize_grads(False)  # an unused LSE output must arrive as None, not zeros
+
+
+def _backward(ctx, dout, dlse):
+    if dlse is not None:
+        # The LSE output is an internal of the backward; nothing in the package differentiates it.
+        raise RuntimeError("hf_fp8_attention::forward: gradients through the LSE output are not supported")
+    if dout is None:
+        return (None,) * 9
+    q, k, v, lse, out = ctx.saved_tensors
+    dq, dk, dv = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout.contiguous(), *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd("hf_fp8_attention::forward", _backward, setup_context=_setup_context)
+
+
+class FP8AttentionFunction:
+    """``out = attention(q, k, v)`` in FP8, with the configured backward (shapes: see reference.py).
+
+    ``FP8AttentionFunction.apply(q, k, v, scale, mask, config)`` flattens the mask and config into
+    the custom op's arguments; the op carries its autograd formula (``register_autograd``), so
+    ``torch.compile`` sees one op node and never needs to rebuild the MaskSpec / config objects.
+    O is saved for the backward only with the stale delta.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
-        key = config_key(config)
-        flat = _flat_mask(mask)
-        out, lse = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *flat, key)
-        keep_out = config.delta is DeltaMode.STALE  # matched mode never reads O in the backward
-        ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
-        ctx.scale, ctx.flat, ctx.key = scale, flat, key
+    def apply(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig) -> torch.Tensor:
+        out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config))
         return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, lse, out = ctx.saved_tensors
-        dq, dk, dv = torch.ops.hf_fp8_attention.backward(
-            q, k, v, out, lse, dout.contiguous(), ctx.scale, *ctx.flat, ctx.key
-        )
-        return dq, dk, dv, None, None, None

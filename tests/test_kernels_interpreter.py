@@ -47,7 +47,7 @@ FORWARD_CASES = {
 }
 
 
-def _forward_case(name):
+def _forward_case(name, seed):
     import torch
 
     from hf_fp8_attention.config import FP8AttentionConfig
@@ -56,7 +56,7 @@ def _forward_case(name):
     from hf_fp8_attention.reference import emulated_forward
 
     b, hq, hkv, sq, sk, d, causal, window, cu, dtype, pow2, bk, bm = FORWARD_CASES[name]
-    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    gen = torch.Generator().manual_seed(seed)
     cfg = FP8AttentionConfig(block_k=bk, pow2_scales=pow2)
     cu_q = cu_k = None
     if cu is not None:
@@ -130,8 +130,8 @@ QUANT_CASES = {
 
 def _run_all():
     results = {}
-    for name in FORWARD_CASES:
-        results[f"fwd/{name}"] = _forward_case(name)
+    for i, name in enumerate(FORWARD_CASES):
+        results[f"fwd/{name}"] = _forward_case(name, seed=int(os.environ.get("FWD_SEED_BASE", "0")) + i)
     for name, args in QUANT_CASES.items():
         results[f"quant/{name}"] = _quantize_case(*args)
     return results

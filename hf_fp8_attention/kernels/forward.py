@@ -14,9 +14,10 @@ and key tile T of ``BLOCK_N = config.block_k`` keys (tiles start at each sequenc
 The kernel runs an online softmax in base 2 (τ·log2 e folded into the Q scale):
 
     m_new = max(m, m_T);  α = 2^(m − m_new);  β = 2^(m_T − m_new)
-    l     = α·l + β·Σ_j 2^(s_j − m_T)
-    acc   = α·acc + (C @ Vc) · β/448 · sv_T
-    O     = acc / l,  LSE = ln2 · (m + log2 l)
+    C     = fp8(2^(s − m_T + log2 448))                   (= fp8(448·exp(s − m_T)) up to exp rounding)
+    l     = α·l + β·Σ_j 2^(s_j − m_T + log2 448)          (448 times the usual l)
+    acc   = α·acc + (C @ Vc) · β · sv_T                   (448 times the usual acc)
+    O     = acc / l,  LSE = ln2 · (m + log2 l − log2 448)
 
 Since the codes C depend only on the tile's own max, they equal the emulation's up to the rounding
 of exp, and the kernel matches the emulation to accumulation-order noise. Rows with no visible key
@@ -29,6 +30,7 @@ scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv h
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -37,7 +39,9 @@ import triton.language as tl
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .quantize import cast_meta, fp8_cast, padded_head_dim, quantize_operand, scale_from_amax, to_fp8
+from .quantize import (
+    cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand, scale_from_amax, to_fp8,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -48,10 +52,14 @@ def _visit_tiles(
     k_base, ks_base, vt_base, vs_base, S_PAD,
     t_lo, t_hi, kv_len, window,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_FMAX: tl.constexpr, P_DTYPE: tl.constexpr,
-    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
+    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
-    """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m); mask only if MASKED."""
+    """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m); mask only if MASKED.
+
+    ``l`` and ``acc`` are kept in units of PMAX (448): the P codes are 2^(s − m_T + log2 448)
+    directly, and the factor cancels in O = acc / l (the LSE subtracts ln 448 at the end).
+    """
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -70,7 +78,9 @@ def _visit_tiles(
             k_scale = tl.load(ks_base + offs_n)
             v_codes = tl.load(v_ptrs)
         v_scale = tl.load(vs_base + t * BLOCK_D + offs_d)
-        s = tl.dot(q_codes, k_codes) * q_scale2[:, None] * k_scale[None, :]  # log2 units
+        # x = (Qc Kcᵀ)·sk; the logit in log2 units is s = q_scale2 · x with q_scale2 > 0, so the
+        # row max commutes with the row factor and exponents are one FMA: q2·x − q2·max(x).
+        x = tl.dot(q_codes, k_codes) * k_scale[None, :]
         if MASKED:
             visible = n_ok[None, :]
             if CAUSAL:
@@ -79,8 +89,8 @@ def _visit_tiles(
                 visible = visible & (pos_q[:, None] - offs_n[None, :] < window)
                 if not CAUSAL:
                     visible = visible & (offs_n[None, :] - pos_q[:, None] < window)
-            s = tl.where(visible, s, float("-inf"))
-        m_t = tl.max(s, 1)
+            x = tl.where(visible, x, float("-inf"))
+        m_t = tl.max(x, 1) * q_scale2  # the tile's row max, log2 units
         m_new = tl.maximum(m_i, m_t)
         if MASKED:
             # Rows with no visible key so far: keep every exponent finite (2^-inf = 0, never NaN).
@@ -89,13 +99,13 @@ def _visit_tiles(
         else:
             m_t_ref = m_t
             m_new_ref = m_new
-        p = tl.math.exp2(s - m_t_ref[:, None])
+        p = tl.math.exp2(x * q_scale2[:, None] - (m_t_ref - LOG2_PMAX)[:, None])  # 448·2^(s − m_T)
         alpha = tl.math.exp2(m_i - m_new_ref)
         beta = tl.math.exp2(m_t - m_new_ref)
         l_i = l_i * alpha + beta * tl.sum(p, 1)
-        p_codes = fp8_cast(p * P_FMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN)  # 0 <= p <= 1: no clamp
+        p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
         pv = tl.dot(p_codes, v_codes)
-        acc = acc * alpha[:, None] + pv * (beta * (1.0 / P_FMAX))[:, None] * v_scale[None, :]
+        acc = acc * alpha[:, None] + pv * beta[:, None] * v_scale[None, :]
         m_i = m_new
     return acc, l_i, m_i
 
@@ -110,9 +120,9 @@ def _fwd_kernel(
     HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
-    Q_FMAX: tl.constexpr, P_FMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
+    Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
-    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr,
+    P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e."""
     n_m = tl.num_programs(0)
@@ -149,7 +159,7 @@ def _fwd_kernel(
     q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
     q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     q_scale = scale_from_amax(tl.max(tl.abs(q), axis=1), Q_FMAX, POW2)
-    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN)
+    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT)
     q_scale2 = q_scale * qk_scale
 
     # Query i sits at key position i + kv_len - q_len (causal diagonal aligned to the end).
@@ -188,20 +198,20 @@ def _fwd_kernel(
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, t_lo, f_lo, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, f_lo, f_hi, kv_len, window,
-                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
                                  S_PAD, f_hi, t_hi, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, P_FMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN)
+                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
     o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
@@ -233,10 +243,6 @@ _fwd_kernel_tuned = triton.autotune(
     configs=_autotune_configs(),
     key=["BLOCK_N", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "IS_VARLEN", "POW2"],
 )(_fwd_kernel)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def triton_forward(
@@ -296,15 +302,16 @@ def triton_forward(
     )
     meta = dict(
         BLOCK_N=bn, BLOCK_D=padded_head_dim(d), CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None,
-        IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max, P_FMAX=config.p_format.max,
+        IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max, LOG2_PMAX=math.log2(config.p_format.max),
         Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"), **cast_meta(config.p_format, "P"),
+        CVT=cvt_mode(),
     )
     if max(rows, 0) == 0:
         return out, lse
     pinned = _pinned_launch()
     if block_m is not None:
         pinned = (block_m, 4 if block_m >= 64 else 1, 2)
-    elif _interpreting():
+    elif interpreting():
         pinned = (16, 1, 1)
     if pinned is not None:
         bm, warps, stages = pinned

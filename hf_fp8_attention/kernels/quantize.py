@@ -47,18 +47,31 @@ def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
     return tl.where(amax == 0.0, 1.0, scale)
 
 
-@triton.jit
-def fp8_cast(y, DTYPE: tl.constexpr, ROUND_MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr):
-    """fp32 ``y`` (already within ±FMAX) -> fp8, rounding to nearest even.
+# fp32 -> fp8 with one rounding to nearest even, 4 elements per instance (two packed conversions).
+# PTX: `cvt.rn.satfinite.e4m3x2.f32 d, a, b` puts a in the high byte of d and b in the low byte.
+_CVT_ASM = """{
+  .reg .b16 lo, hi;
+  cvt.rn.satfinite.%s lo, $2, $1;
+  cvt.rn.satfinite.%s hi, $4, $3;
+  mov.b32 $0, {lo, hi};
+}"""
+_CVT_E4M3 = _CVT_ASM % ("e4m3x2.f32", "e4m3x2.f32")
+_CVT_E5M2 = _CVT_ASM % ("e5m2x2.f32", "e5m2x2.f32")
 
-    On GPUs the conversion instruction rounds to nearest even. The Triton interpreter's conversion
-    does not (ties and mantissa carries go wrong), so with ``ROUND_MANT > 0`` (set only when
-    interpreting) ``y`` is first rounded onto the fp8 grid in fp32 — normal range by the
-    integer-add trick on the bits, subnormal range (|y| < SUB_MIN) by adding and removing
-    SUB_MAGIC — after which the conversion is exact.
+
+@triton.jit
+def fp8_cast(y, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
+             CVT: tl.constexpr):
+    """fp32 ``y`` (already within ±FMAX, or NaN) -> fp8, one rounding to nearest even (CVT: see cvt_mode).
+
+    GPU: the sm_89+ instruction ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (a single RNE rounding, as
+    PyTorch's cast; Triton's own ``.to(fp8)`` is not guaranteed to round once). Interpreter: its
+    conversion is not RNE either (ties and mantissa carries), so ``y`` is first rounded onto the fp8
+    grid in fp32 — normal range by the integer-add trick on the bits, subnormal range
+    (|y| < SUB_MIN) by adding and removing SUB_MAGIC — after which the conversion is exact.
     """
-    if ROUND_MANT > 0:
-        drop: tl.constexpr = 23 - ROUND_MANT
+    if CVT == 1:
+        drop: tl.constexpr = 23 - MANT
         bits = y.to(tl.int32, bitcast=True)
         lsb = (bits >> drop) & 1
         rounded = ((bits + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)).to(tl.float32, bitcast=True)
@@ -66,24 +79,47 @@ def fp8_cast(y, DTYPE: tl.constexpr, ROUND_MANT: tl.constexpr, SUB_MAGIC: tl.con
         sub = (a + SUB_MAGIC) - SUB_MAGIC
         sub = tl.where(y < 0, -sub, sub)
         y = tl.where(a < SUB_MIN, sub, rounded)
-    return y.to(DTYPE, fp_downcast_rounding="rtne")
+        return y.to(DTYPE, fp_downcast_rounding="rtne")
+    elif CVT == 2:
+        return y.to(DTYPE, fp_downcast_rounding="rtne")
+    elif MANT == 3:
+        return tl.inline_asm_elementwise(_CVT_E4M3, "=r,r,r,r,r", [y], dtype=tl.uint8, is_pure=True,
+                                         pack=4).to(DTYPE, bitcast=True)
+    else:
+        return tl.inline_asm_elementwise(_CVT_E5M2, "=r,r,r,r,r", [y], dtype=tl.uint8, is_pure=True,
+                                         pack=4).to(DTYPE, bitcast=True)
 
 
 @triton.jit
-def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, ROUND_MANT: tl.constexpr, SUB_MAGIC: tl.constexpr,
-           SUB_MIN: tl.constexpr):
+def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr,
+           SUB_MIN: tl.constexpr, CVT: tl.constexpr):
     """fp8 codes of fp32 ``x / scale`` (IEEE division), clamped to ±FMAX with NaN kept."""
     y = tl.math.div_rn(x, scale)
     y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
-    return fp8_cast(y, DTYPE, ROUND_MANT, SUB_MAGIC, SUB_MIN)
+    return fp8_cast(y, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+CVT_ENV = "HF_FP8_ATTENTION_CVT"
+
+
+def cvt_mode() -> int:
+    """How :func:`fp8_cast` converts: 0 the PTX instruction (GPU default), 1 explicit rounding
+    (always under the interpreter), 2 Triton's own ``.to`` (``HF_FP8_ATTENTION_CVT=triton``, for
+    comparisons only: not guaranteed to round once)."""
+    if interpreting():
+        return 1
+    return 2 if os.environ.get(CVT_ENV, "") == "triton" else 0
 
 
 def cast_meta(fmt: FP8Format, prefix: str) -> dict:
-    """Constexprs of :func:`fp8_cast` for ``fmt``: explicit rounding only under the interpreter."""
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Constexprs of :func:`fp8_cast` for ``fmt`` (plus CVT = cvt_mode(), passed once per kernel)."""
     mant, emin = (3, -6) if fmt is FP8Format.E4M3 else (2, -14)
     return {
-        f"{prefix}_MANT": mant if interp else 0,
+        f"{prefix}_MANT": mant,
         f"{prefix}_SUB_MAGIC": 2.0 ** (23 + emin - mant),  # adding it leaves a multiple of the subnormal step
         f"{prefix}_SUB_MIN": 2.0 ** emin,
     }
@@ -100,7 +136,7 @@ def _quantize_kernel(
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, IS_VARLEN: tl.constexpr,
     ROW_FMAX: tl.constexpr, COL_FMAX: tl.constexpr, ROW_DTYPE: tl.constexpr, COL_DTYPE: tl.constexpr,
     ROW_MANT: tl.constexpr, ROW_SUB_MAGIC: tl.constexpr, ROW_SUB_MIN: tl.constexpr,
-    COL_MANT: tl.constexpr, COL_SUB_MAGIC: tl.constexpr, COL_SUB_MIN: tl.constexpr,
+    COL_MANT: tl.constexpr, COL_SUB_MAGIC: tl.constexpr, COL_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
     """One program per (tile of BLOCK_S tokens of one sequence, batch·head)."""
     tile = tl.program_id(0)
@@ -130,13 +166,13 @@ def _quantize_kernel(
     bhi = bb * H + h
     if ROW:
         r_scale = scale_from_amax(tl.max(tl.abs(x), axis=1), ROW_FMAX, POW2)
-        r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN)
+        r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN, CVT)
         tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
         r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
         tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
     if COL:
         c_scale = scale_from_amax(tl.max(tl.abs(x), axis=0), COL_FMAX, POW2)
-        c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN)
+        c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN, CVT)
         tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + offs_d, c_scale)
         c_ptrs = col_codes_ptr + (bhi * BLOCK_D + offs_d[None, :]) * S_PAD + tok[:, None]
         tl.store(c_ptrs, c_codes, mask=s_ok[:, None])
@@ -221,7 +257,7 @@ def quantize_operand(
         BLOCK_S=block, BLOCK_D=dp, ROW=row, COL=col, POW2=pow2, IS_VARLEN=varlen,
         ROW_FMAX=row_format.max, COL_FMAX=col_format.max,
         ROW_DTYPE=_TL_FP8[row_format], COL_DTYPE=_TL_FP8[col_format],
-        **cast_meta(row_format, "ROW"), **cast_meta(col_format, "COL"),
+        **cast_meta(row_format, "ROW"), **cast_meta(col_format, "COL"), CVT=cvt_mode(),
         num_warps=4,
     )
     return row_codes, row_scales, col_codes, col_scales, tile_off
