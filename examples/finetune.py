@@ -45,7 +45,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--packed", action="store_true", help="DataCollatorWithFlattening (no padding)")
     parser.add_argument("--no-save", action="store_true", help="do not save the trained model")
-    return resolve_defaults(parser.parse_args(argv), gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    args = parser.parse_args(argv)
+    lr_given = args.lr is not None
+    args = resolve_defaults(args, gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    if args.lora and not lr_given:
+        args.lr *= 4  # adapters start at zero and are few: the usual LoRA learning rates are higher
+    return args
 
 
 def apply_lora(model, rank: int):

@@ -46,7 +46,7 @@ def train(model, train_blocks: torch.Tensor, *, steps: int, batch_size: int, lr:
     Returns ``{"steps": [...], "loss": [...], "tokens_per_s": float, "seconds": float}``; the
     throughput excludes the first step (allocator and kernel warm-up).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain bar: tqdm.auto warns in notebooks without ipywidgets
     from transformers import get_cosine_schedule_with_warmup
 
     device = torch.device(device)
