@@ -58,6 +58,15 @@ def check_attn(attn: str, head_dim: int | None = None) -> None:
         if head_dim is not None and head_dim not in hf_fp8_attention.SUPPORTED_HEAD_DIMS:
             raise UsageError(f"--attn {attn}: the model's head_dim {head_dim} is not supported "
                              f"(supported: {hf_fp8_attention.SUPPORTED_HEAD_DIMS}); use --attn sdpa")
+        import torch
+
+        if torch.cuda.is_available():  # the examples train on the GPU when there is one
+            from hf_fp8_attention.ops import select_backend
+
+            try:
+                select_backend(torch.device("cuda"), hf_fp8_attention.registered_fp8_config(attn))
+            except RuntimeError as err:
+                raise UsageError(f"--attn {attn}: {err}") from None
 
 
 def head_dim_of(config) -> int:
