@@ -16,9 +16,10 @@ Decode (``q_len < kv_len`` with a KV cache) runs the same FP8 forward with the c
 aligned to the end of the keys; with padding (left-padded ``generate``) it goes through varlen.
 
 Packing is read from ``cu_seq_lens_q/k`` kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``)
-or from ``position_ids`` restarting among a row's valid tokens, with or without a KV cache in the
-forward and with or without padding: packed sequences never see each other (sdpa lets them leak
-when ``use_cache=True`` or when a padding mask is also given). A static cache longer than the mask
+or from ``position_ids`` restarting among a row's valid tokens (in any forward whose queries are
+all its keys, i.e. also a prefill that fills a KV cache), with or without padding: packed
+sequences never see each other (sdpa lets them leak when ``use_cache=True`` or when a padding mask
+is also given). A static cache longer than the mask
 is cut to the mask's length (as Transformers' flash path does). Planning the varlen batch reads a
 few sizes on the host (one device sync per layer on padded or packed batches, as FlashAttention-2
 in Transformers); plain causal batches take the dense path without any.
