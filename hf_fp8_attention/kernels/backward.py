@@ -52,11 +52,13 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # ``free_tile``: the tile side that is not a quantization block in the pre-quantized kernels (the dQ
 # kernel's query rows, the dK/dV kernel's key rows; every scale there is per token or per block of
 # the other side), so it can be smaller than the recipe's blocks to save registers. None: the block.
+# Defaults: the fastest of benchmarks' sweep on an H200 (S=8192, causal, d=128; within 5% of each
+# other, see benchmarks/NOTES.md).
 LAUNCH = {
     "prequant": True,
-    "dq": {"num_warps": 8, "num_stages": 1},
+    "dq": {"num_warps": 4, "num_stages": 1},
     "dkdv": {"num_warps": 8, "num_stages": 1},
-    "free_tile": {"dq": 64, "dkdv": 64},
+    "free_tile": {"dq": 64, "dkdv": 128},
 }
 
 

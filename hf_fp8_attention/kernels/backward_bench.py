@@ -64,14 +64,17 @@ def _fwd_bwd(attn, q, k, v, do):
 
 
 def _held_activations(attn, q, k, v):
-    """Bytes the autograd graph holds after the forward, beyond inputs and output."""
+    """Bytes the autograd graph keeps alive after the forward once the caller has dropped O
+    (as a model does after the output projection): O itself only if the backward saved it."""
     qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     o = attn(qq, kk, vv)
-    torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated() - base - o.numel() * o.element_size()
+    loss = o.float().sum()  # a consumer whose backward needs nothing of O
     del o
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    del loss
     return held
 
 
@@ -184,6 +187,26 @@ def sweep(s, b, h, d):
     print(f"best launch: {LAUNCH}", flush=True)
 
 
+def profile(s, b, h, d):
+    """CUDA time per kernel of one matched and one stale backward (torch.profiler)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    mask = MaskSpec(causal=True)
+    for name in ("fp8_delta", "fp8_stale"):
+        cfg = FP8AttentionConfig.from_recipe(name)
+        out, lse = _forward_for_bwd(q, k, v, d**-0.5, mask, cfg)
+        o_arg = out if name == "fp8_stale" else None
+        for _ in range(3):
+            triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)
+            torch.cuda.synchronize()
+        print(f"profile {name} S={s} (5 runs):")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=40), flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", default="4096,8192,16384")
@@ -192,7 +215,10 @@ if __name__ == "__main__":
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--sweep", action="store_true", help="first try launch variants at S=8192, keep the fastest")
+    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA time of the backward at S=8192")
     a = ap.parse_args()
     if a.sweep:
         sweep(8192, a.batch, a.heads, a.head_dim)
+    if a.profile:
+        profile(8192, a.batch, a.heads, a.head_dim)
     run([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.out)
