@@ -418,6 +418,11 @@ def _check(q, k, v, out, lse, dout, mask: MaskSpec, config: FP8AttentionConfig) 
     devs = {t.device for t in (q, k, v, lse, dout)}
     if len(devs) != 1:
         raise ValueError(f"triton_backward: tensors on several devices: {devs}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"triton_backward: the Triton kernels need CUDA tensors, got {q.device} "
+                         "(the PyTorch emulation in reference.py runs anywhere)")
+    if q.shape[0] * q.shape[1] > 65535:
+        raise ValueError(f"triton_backward: batch x heads = {q.shape[0] * q.shape[1]} exceeds the grid limit 65535")
 
 
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
