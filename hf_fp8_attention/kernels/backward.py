@@ -421,8 +421,7 @@ def _check(q, k, v, out, lse, dout, mask: MaskSpec, config: FP8AttentionConfig) 
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"triton_backward: the Triton kernels need CUDA tensors, got {q.device} "
                          "(the PyTorch emulation in reference.py runs anywhere)")
-    if q.shape[0] * q.shape[1] > 65535:
-        raise ValueError(f"triton_backward: batch x heads = {q.shape[0] * q.shape[1]} exceeds the grid limit 65535")
+
 
 
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
@@ -446,6 +445,8 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         cu_q = cu_k = torch.zeros(1, dtype=torch.int32, device=dev)  # unused
         n_seq, max_q, max_k = b, sq_total, sk_total
         alloc = torch.empty
+    if n_seq * hq > 65535:  # grid axis 1 holds (sequence, head) pairs
+        raise ValueError(f"triton_backward: sequences x heads = {n_seq * hq} exceeds the grid limit 65535")
     dq = alloc(q.shape, dtype=q.dtype, device=dev)
     dk = alloc(k.shape, dtype=k.dtype, device=dev)
     dv = alloc(v.shape, dtype=v.dtype, device=dev)
