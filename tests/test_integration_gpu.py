@@ -10,6 +10,9 @@ Same tiny models as test_integration_models, moved to CUDA. Tolerances:
   kernel bound again: KERNEL_LOGITS.
 - bf16 model vs float64 sdpa: the FP8 budget of test_integration_models plus the bf16 model's own
   error (measured here with sdpa in bf16), since the FP8 error and bf16 rounding add.
+Measured on an H200 (transformers 5.17): kernel vs emulation logits 3e-5 / 2.7e-4 and gradients
+5.5e-4 / 1.3e-3 (Llama / Mistral); bf16 FP8 vs float64 logits 2.5–3.9% and gradients 3.1–5.2%
+(bf16 sdpa alone 0.7% / 0.7–1.0%); padded vs unpadded logits 2e-7.
 """
 from __future__ import annotations
 
