@@ -474,3 +474,25 @@ def test_output_attentions_warns_once_and_returns_no_weights():
     assert cap.out.count("does not compute attention weights") == 1
     assert not out.attentions or all(a is None for a in out.attentions)
     assert torch.equal(out.logits, plain)
+
+
+def test_ambiguous_mask_requests_are_rejected():
+    model = tiny_model("mistral")
+    module = model.model.layers[0].self_attn
+    attn = AttentionInterface()["fp8_delta"]
+    q, kv = torch.randn(2, 2, 8, 64), torch.randn(2, 1, 8, 64)
+    holes = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1], [1] * 8], dtype=torch.bool)
+    # A hole inside a sequence with a sliding window: the window would count positions differently.
+    with pytest.raises(NotImplementedError, match="holes"):
+        attn(module, q, kv, kv, holes, sliding_window=4)
+    attn(module, q, kv, kv, holes)  # without a window the hole is plain padding: fine
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seq_lens"):
+        attn(module, q[:1], kv[:1], kv[:1], holes[:1], cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    with pytest.raises(ValueError, match="both"):
+        attn(module, q[:1], kv[:1], kv[:1], None, cu_seq_lens_q=cu)
+    # Restarting positions while decoding against a longer cache: packing cannot be located.
+    with pytest.raises(ValueError, match="restart"):
+        attn(module, q[:, :, :4], kv, kv, None, position_ids=torch.tensor([[5, 6, 0, 1]] * 2))
+    with pytest.raises(ValueError, match="float"):
+        attn(module, q, kv, kv, torch.zeros(2, 8))
