@@ -129,8 +129,9 @@ def _padding_mask(attention_mask: torch.Tensor | None, kv_len: int) -> torch.Ten
 def _packed_segments(position_ids, valid, batch, q_len, kv_len, device) -> torch.Tensor | None:
     """``(B, kv_len)`` packed-sequence ids when ``position_ids`` restart among a row's valid tokens, else None.
 
-    Packing is read without a KV cache only (``q_len == kv_len``): with a cache the positions cover
-    the new queries alone, and restarting positions there are an error rather than a guess.
+    Packing is read only when the queries are all the keys (``q_len == kv_len``: training, or a
+    prefill): when decoding against a longer cache the positions cover the new queries alone, and
+    restarting positions there are an error rather than a guess.
     """
     if position_ids is None:
         return None
