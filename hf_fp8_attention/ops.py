@@ -11,8 +11,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
-import json
 import logging
 from typing import Optional
 
@@ -79,21 +80,38 @@ def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Ba
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.compiler.assume_constant_result
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(FP8AttentionConfig))
+_CONFIG_DEFAULTS = FP8AttentionConfig()
+
+
 def config_key(config: FP8AttentionConfig) -> str:
-    """Canonical string of a config (custom ops take strings, not dataclasses)."""
-    return _config_key(config)
+    """Canonical string of a config (custom ops take strings, not dataclasses).
 
-
-@functools.lru_cache(maxsize=64)
-def _config_key(config: FP8AttentionConfig) -> str:
-    fields = {name: getattr(value, "value", value) for name, value in vars(config).items()}
-    return json.dumps(fields, sort_keys=True)
+    Built from plain attribute reads so that torch.compile folds it to a constant without having
+    to rebuild the frozen config object (which some torch versions cannot do).
+    """
+    parts = []
+    for name in _CONFIG_FIELDS:
+        value = getattr(config, name)
+        parts.append(value.value if isinstance(value, enum.Enum) else str(value))
+    return "|".join(parts)
 
 
 @functools.lru_cache(maxsize=64)
 def _config_from_key(key: str) -> FP8AttentionConfig:
-    return FP8AttentionConfig(**json.loads(key))
+    values = key.split("|")
+    if len(values) != len(_CONFIG_FIELDS):
+        raise ValueError(f"hf_fp8_attention: malformed config key {key!r}")
+    fields = {}
+    for name, text in zip(_CONFIG_FIELDS, values):
+        default = getattr(_CONFIG_DEFAULTS, name)
+        if isinstance(default, bool):
+            fields[name] = text == "True"
+        elif isinstance(default, int):
+            fields[name] = int(text)
+        else:
+            fields[name] = text  # enums: coerced and validated by the config itself
+    return FP8AttentionConfig(**fields)
 
 
 def _mask_spec(causal: bool, window: int, cu_seqlens_q, cu_seqlens_k) -> MaskSpec:

@@ -55,8 +55,8 @@ _CVT_ASM = """{
   cvt.rn.satfinite.%s hi, $4, $3;
   mov.b32 $0, {lo, hi};
 }"""
-_CVT_E4M3 = _CVT_ASM % ("e4m3x2.f32", "e4m3x2.f32")
-_CVT_E5M2 = _CVT_ASM % ("e5m2x2.f32", "e5m2x2.f32")
+_CVT_E4M3 = tl.constexpr(_CVT_ASM % ("e4m3x2.f32", "e4m3x2.f32"))  # constexpr: readable from @jit code
+_CVT_E5M2 = tl.constexpr(_CVT_ASM % ("e5m2x2.f32", "e5m2x2.f32"))
 
 
 @triton.jit
