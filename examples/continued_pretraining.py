@@ -6,6 +6,8 @@ cosine LR, checkpoint save/resume. Single process or ``accelerate launch`` (DDP,
     accelerate launch --config_file examples/accelerate/ddp.yaml   examples/continued_pretraining.py --attn fp8_delta
     accelerate launch --config_file examples/accelerate/fsdp2.yaml examples/continued_pretraining.py --attn fp8_delta
     python examples/continued_pretraining.py --resume latest      # continue from the last checkpoint
+    ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 examples/continued_pretraining.py --tiny
+                                                                  # DDP on CPU (gloo), as the tests run it
 
 Data: documents joined with EOS and cut into fixed ``--seq-len`` blocks (every token trains, no
 padding). Checkpoints: ``accelerator.save_state`` every ``--save-every`` steps under

@@ -89,18 +89,26 @@ def test_finetune_from_local_checkpoint_fp8_stale(env, finetuned, tmp_path):
     assert s["attn_implementation"] == "fp8_stale" and s["model"] == str(finetuned / "final")
 
 
-def test_continued_pretraining_resume_matches_uninterrupted_run(env, tmp_path):
+def run_ddp(args: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    """continued_pretraining.py on 2 CPU processes (torchrun + gloo): the DDP code path of the example."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(EXAMPLES / "continued_pretraining.py"), *args]
+    return subprocess.run(cmd, env={**env, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                          text=True, capture_output=True, timeout=timeout)
+
+
+def test_continued_pretraining_ddp_resume_matches_uninterrupted_run(env, tmp_path):
     args = [*TINY, "--attn", "fp8_stale", "--max-steps", "8", "--save-every", "4"]
-    ok(run("continued_pretraining.py", [*args, "--output-dir", str(tmp_path / "a")], env))
+    ok(run_ddp([*args, "--output-dir", str(tmp_path / "a")], env))
     a = summary(tmp_path / "a")
     assert_trained(a, tmp_path / "a")
+    assert a["num_processes"] == 2 and "MULTI_CPU" in a["distributed_type"]
     assert (tmp_path / "a" / "checkpoints" / "step_4").is_dir() and (tmp_path / "a" / "final" / "config.json").exists()
-    ok(run("continued_pretraining.py", [*args, "--resume", str(tmp_path / "a" / "checkpoints" / "step_4"),
-                                        "--output-dir", str(tmp_path / "b")], env))
+    ok(run_ddp([*args, "--resume", str(tmp_path / "a" / "checkpoints" / "step_4"), "--output-dir", str(tmp_path / "b")], env))
     b = summary(tmp_path / "b")
     assert b["resumed_from"] and len(b["losses"]) == 8
-    # Same state (weights, optimizer, schedule, RNG) and same data order: the same losses, up to
-    # fp32 reduction-order noise on one CPU (there is none in practice; 1e-5 is generous).
+    # Same state (weights, optimizer, schedule, both ranks' RNG) and the same data order: the same
+    # losses, up to reduction-order noise (none in practice on CPU; 1e-5 is generous).
     assert b["losses"] == pytest.approx(a["losses"], rel=1e-5)
 
 
