@@ -96,6 +96,10 @@ def _quantize_case(fmt_name, pow2, varlen):
     gen = torch.Generator().manual_seed(7)
     x = (torch.randn(1 if varlen else 2, 3, 45, 96, generator=gen) * torch.logspace(-3, 2, 96)).to(torch.bfloat16)
     x[..., 5, :] = 0  # a zero row: scale 1
+    # A tiny row (amax < 448·2^-126): the scale is floored at 2^-126. Values stay normal fp32: the
+    # interpreter flushes fp32 subnormal inputs to zero (GPUs do not).
+    r = torch.randn(x.shape[:-2] + (96,), generator=gen)
+    x[..., 6, :] = (r.sign() * (0.5 + r.abs()) * 1e-36).to(torch.bfloat16)
     cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
     block = 16
     rc, rs, cc, cs, tile_off = quantize_operand(

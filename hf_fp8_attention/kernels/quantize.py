@@ -13,7 +13,7 @@ FP8 matmuls need:
 
 Reference maths (same as :func:`hf_fp8_attention.quant.quantize`)::
 
-    scale = amax(|block|) / FMT_MAX          (rounded up to a power of two with pow2; 1 if amax == 0)
+    scale = max(amax(|block|) / FMT_MAX, 2^-126)   (rounded up to a power of two with pow2; 1 if amax == 0)
     code  = fp8_rne(clamp(x / scale, -FMT_MAX, FMT_MAX))
 
 The division is IEEE round-to-nearest (``div_rn``), as PyTorch's, so on a GPU with a saturating
@@ -35,8 +35,9 @@ _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 
 @triton.jit
 def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
-    """fp32 block scale from its fp32 amax: amax / FMAX (pow2: rounded up), 1 where amax == 0."""
-    scale = tl.math.div_rn(amax, FMAX)
+    """fp32 block scale from its fp32 amax: amax / FMAX floored at 2^-126 (pow2: rounded up),
+    1 where amax == 0 (the floor keeps tiny blocks from a zero scale, as quant.compute_scales)."""
+    scale = tl.maximum(tl.math.div_rn(amax, FMAX), 1.1754943508222875e-38, propagate_nan=tl.PropagateNan.ALL)
     if POW2:
         # Round up to a power of two through the bits: exact, unlike exp2(ceil(log2(s))) with
         # approximate log2. Non-finite scales (NaN/Inf) are kept as they are.
@@ -77,7 +78,7 @@ def fp8_cast(y, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr
         rounded = ((bits + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)).to(tl.float32, bitcast=True)
         a = tl.abs(y)
         sub = (a + SUB_MAGIC) - SUB_MAGIC
-        sub = tl.where(y < 0, -sub, sub)
+        sub = tl.where(bits < 0, -sub, sub)  # sign bit: keeps -0.0
         y = tl.where(a < SUB_MIN, sub, rounded)
         return y.to(DTYPE, fp_downcast_rounding="rtne")
     elif CVT == 2:
