@@ -1,16 +1,18 @@
 """The Triton FP8 forward on an FP8-capable GPU: against the emulation (same config) and fp64.
 
-Tolerances, kernel vs emulation with the same config (codes and scales of Q, K, V are bit-identical
-on the GPU: IEEE division and a round-to-nearest-even saturating FP8 conversion; asserted below):
-- fp32 inputs: the only differences are fp32 summation order (QKᵀ over d, PV over keys, the online
-  rescale) and exp2 (ex2.approx, ~2 ulp) vs torch.exp. Those move logits by ~1e-6 relative, which
-  flips a P code at a rounding boundary with probability ~2^-18 per element; each flip moves one
-  output row by 1/16 of one p·v term. At S = 4097 (16M P elements per head) that adds up to ~1e-4
-  of ‖O‖ at most, hence ‖Δ‖/‖ref‖ <= 1e-4 (the fp32 rounding part alone is ~1e-6).
-- bf16 inputs/outputs: both outputs are rounded to nearest bf16 from fp32 values that agree to the
-  above; elements straddling a rounding boundary differ by one bf16 step (2^-8 relative at most):
-  ‖Δ‖/‖ref‖ <= 2^-8.
-- LSE (fp32, natural log, |LSE| ~ 10): |Δ| <= 1e-4 (fp32 rounding of logits and sums, 10x margin).
+What must be exact: the Q/K/V codes and scales (IEEE division, one round-to-nearest-even cast;
+asserted bit for bit below, against the CPU), the pattern of rows without a visible key
+(O = 0, LSE = -inf), finiteness, NaN propagation.
+
+What is noise, and its bound (kernel vs emulation with the same config): Hopper's FP8 MMA does not
+accumulate in full fp32 — about 14 mantissa bits are kept (DeepSeek-V3 report §3.3.2, H800; our
+FP8 backward measured the same on this H200). A logit s = τ Σ_d q_d k_d therefore moves by
+~2^-14 · τ Σ_d |q_d k_d| (≈ 7 for unit-normal inputs at d = 128): |Δs| ≲ 1e-3, which the LSE
+inherits: |ΔLSE| <= 2e-3. A P code within |Δs| of an fp8 rounding boundary flips (probability
+≲ 1e-3 / 2^-3 ≈ 1% per element) and moves its p·v term by one code step (2^-3 relative), so
+‖ΔO‖/‖O‖ ≲ sqrt(0.01) · 2^-3 / sqrt(3) ≈ 7e-3: bound 1e-2 for fp32 and bf16 inputs alike (bf16
+output rounding, 2^-9, is smaller). Indexing and masking are checked tightly (2e-5) by the
+interpreter tests on the CPU, where the dot products are exact fp32.
 Kernel vs float64 attention: the FP8 budget of tests/helpers.py (u = 2^-4 for O).
 
 The emulation reference runs on the CPU: there PyTorch divides by FMT_MAX exactly, as the recipe
@@ -41,9 +43,8 @@ from hf_fp8_attention.kernels.quantize import cast_meta, cvt_mode, fp8_cast  # n
 
 pytestmark = pytest.mark.gpu
 
-FP32_REL = 1e-4
-BF16_REL = 2.0**-8
-LSE_ABS = 1e-4
+O_REL = 1e-2  # see the module docstring
+LSE_ABS = 2e-3
 
 
 @pytest.fixture(autouse=True)
@@ -90,8 +91,7 @@ def _check_vs_emulation(q, k, v, mask, cfg):
     fin = torch.isfinite(ref_lse)
     if fin.any():
         assert (lse[fin] - ref_lse[fin]).abs().max().item() <= LSE_ABS
-    bound = FP32_REL if q.dtype == torch.float32 else BF16_REL
-    assert rel_err(out, ref) <= bound, (rel_err(out, ref), bound)
+    assert rel_err(out, ref) <= O_REL, (rel_err(out, ref), O_REL)
     return out
 
 
