@@ -72,7 +72,9 @@ def main(argv=None) -> dict:
     corpus, tokenizer, config = prepare(args)
     train_ds, eval_ds = split_train_eval(chunk_documents(corpus, tokenizer, args.seq_len), seed=args.seed,
                                          max_eval=64 if args.setting == "tiny" else 1024)
-    dtype = torch.bfloat16 if (args.bf16 and args.model) else None  # built models: fp32 master weights
+    # LoRA on a checkpoint: frozen base weights in bf16 (half the memory); full fine-tuning keeps fp32
+    # master weights and lets Trainer's bf16 autocast run the matmuls.
+    dtype = torch.bfloat16 if (args.bf16 and args.model and args.lora) else None
     model = build_model(config, args.attn, model_path=args.model, dtype=dtype, seed=args.seed)
     if args.lora:
         model = apply_lora(model, args.lora_rank)

@@ -97,6 +97,9 @@ def build_model(config, attn: str, *, model_path: str | None = None, dtype=None,
     from transformers import AutoModelForCausalLM
 
     check_attn(attn, head_dim_of(config))
+    if attn in FP8_ATTNS and getattr(config, "attention_dropout", 0.0):
+        raise UsageError(f"--attn {attn}: the model has attention_dropout={config.attention_dropout}, which FP8 "
+                         "attention does not implement; set it to 0.0 in config.json or use --attn sdpa")
     if model_path is not None:
         return AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation=attn,
                                                     local_files_only=True, dtype=dtype)
