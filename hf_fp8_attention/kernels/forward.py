@@ -245,6 +245,25 @@ _fwd_kernel_tuned = triton.autotune(
 )(_fwd_kernel)
 
 
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_inputs(q, k, v, mask: MaskSpec) -> None:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"triton_forward: expected q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1] or q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"triton_forward: head dim {q.shape[-1]} (k: {k.shape[-1]}) not supported; "
+                         f"supported: {SUPPORTED_HEAD_DIMS}")
+    if q.shape[0] != k.shape[0] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"triton_forward: batch/heads of q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])} do not match")
+    if q.dtype not in _DTYPES or not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"triton_forward: q, k, v must share a dtype among bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if mask.is_varlen and q.shape[0] != 1:
+        raise ValueError(f"triton_forward: packed (cu_seqlens) input must have batch 1, got {q.shape[0]}")
+
+
 def triton_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -264,6 +283,7 @@ def triton_forward(
     Returns:
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
+    _check_inputs(q, k, v, mask)
     bsz, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     bn = config.block_k
