@@ -98,7 +98,7 @@ def probe_max_len(config, *, start: int, limit: int) -> dict:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).cuda()
         enable_checkpointing(model)
-        best, length, failed = None, start, None
+        best, length, failed, points = None, start, None, []
         while length <= limit:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -109,6 +109,7 @@ def probe_max_len(config, *, start: int, limit: int) -> dict:
                 loss.backward()
                 torch.cuda.synchronize()
                 best = {"seq_len": length, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+                points.append(best)
                 print(f"probe {attn}: {length} tokens OK, peak {best['peak_memory_gib']:.1f} GiB", flush=True)
             except torch.cuda.OutOfMemoryError:
                 failed = length
@@ -118,7 +119,7 @@ def probe_max_len(config, *, start: int, limit: int) -> dict:
                 model.zero_grad(set_to_none=True)
                 loss = ids = None
             length *= 2
-        results[attn] = {"longest": best, "first_oom": failed, "limit": limit}
+        results[attn] = {"longest": best, "first_oom": failed, "limit": limit, "points": points}
         del model
         torch.cuda.empty_cache()
     return results
@@ -205,6 +206,12 @@ def main(argv=None) -> dict:
         torch.cuda.empty_cache()
         probe = probe_max_len(ext_cfg, start=seq_len, limit=args.probe_limit)
         summary["probe"] = probe
+        probe_png = plot_loss_curves(
+            {attn: ([p["seq_len"] for p in r["points"]], [p["peak_memory_gib"] for p in r["points"]])
+             for attn, r in probe.items()},
+            out / "probe_memory.png", title="one training step, batch 1, gradient checkpointing",
+            xlabel="sequence length (tokens)", ylabel="peak GPU memory (GiB)")
+        lines.append(f"memory vs length: {probe_png}")
         for attn, r in probe.items():
             best = r["longest"]
             lines.append(f"longest trainable on one GPU, {attn}: "
