@@ -139,7 +139,9 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hf_fp8_attention", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_fp8_attention",
+        description="Block-scaled FP8 attention for Transformers: check this machine, benchmark, or run the demo.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="environment, path used, numerics self-test")
     sub.add_parser("bench", help="run benchmarks/bench_attention.py (CUDA only); extra args pass through",
