@@ -188,3 +188,44 @@ def test_tiny_config_of_every_family_trains_with_fp8_delta(family):
     assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
     q_proj = model.model.layers[0].self_attn.q_proj.weight.grad
     assert float(q_proj.abs().sum()) > 0  # gradients reach the attention projections through the FP8 op
+
+
+def test_user_data_formats_load_through_datasets(tmp_path):
+    """--data: JSON lines (any text column), a directory of text files, a save_to_disk DatasetDict."""
+    import datasets
+
+    from hf_fp8_attention.training import UsageError, load_corpus
+
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"body": "def f(x):\\n    return x"}\n{"body": "class A:\\n    pass"}\n{"body": "  "}\n')
+    ds = load_corpus(str(jsonl), text_column="body")
+    assert ds.column_names == ["text"] and ds["text"] == ["def f(x):\n    return x", "class A:\n    pass"]
+    with pytest.raises(UsageError, match="no 'text' column"):
+        load_corpus(str(jsonl))
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    (folder / "a.txt").write_text("first document\nsecond line")
+    (folder / "b.md").write_text("# second document")
+    assert sorted(load_corpus(str(folder))["text"]) == ["# second document", "first document\nsecond line"]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x = 1", "y = 2"]})}).save_to_disk(str(saved))
+    assert load_corpus(str(saved))["text"] == ["x = 1", "y = 2"]
+    (tmp_path / "model.bin").write_bytes(b"\0")
+    with pytest.raises(UsageError, match="unsupported file type"):
+        load_corpus(str(tmp_path / "model.bin"))
+
+
+def test_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
+    from hf_fp8_attention.training import load_corpus, train_tokenizer
+
+    monkeypatch.setenv("HF_FP8_ATTENTION_CACHE", str(tmp_path))
+    corpus = load_corpus(max_bytes=100_000)
+    first = train_tokenizer(corpus, 512, show_progress=False)
+    cached = list(tmp_path.glob("tokenizers/*/tokenizer.json"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime_ns
+    second = train_tokenizer(corpus, 512, show_progress=False)
+    assert cached[0].stat().st_mtime_ns == mtime and second.get_vocab() == first.get_vocab()
+    assert len(first) == 512 and first.eos_token == "</s>" and first.pad_token == "<pad>"
+    text = "import os\nprint(os.getcwd())"
+    assert first.decode(first(text)["input_ids"]) == text  # byte-level BPE round-trips source text
