@@ -5,13 +5,17 @@
 #
 #   bash examples/run_gpu_defaults.sh /tmp/gpu_out            # 1 GPU: check, demo, examples
 #   NGPU=2 bash examples/run_gpu_defaults.sh /tmp/gpu_out     # also DDP and FSDP2 via accelerate launch
+#   PARTS="check demo" bash examples/run_gpu_defaults.sh /tmp/gpu_out   # a subset (to fit time limits)
+# PARTS (default: all): check demo finetune pretrain distributed context probe
 set -uo pipefail
+PARTS="${PARTS:-check demo finetune pretrain distributed context probe}"
+want() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 cd "$(dirname "$0")/.."
 OUT="${1:-outputs/gpu_defaults}"
 mkdir -p "$OUT"
 NGPU="${NGPU:-$(python -c 'import torch; print(torch.cuda.device_count())')}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-: > "$OUT/SUMMARY.md"
+: >> "$OUT/SUMMARY.md"
 
 step() {  # step NAME CMD...: run, log, append the summary block (or the error) to SUMMARY.md
   local name="$1"; shift
@@ -25,17 +29,22 @@ step() {  # step NAME CMD...: run, log, append the summary block (or the error) 
     echo "[$name: exit $rc, $((SECONDS - t0)) s]"; echo; } | tee -a "$OUT/SUMMARY.md"
 }
 
-step check python -m hf_fp8_attention check
-step demo python -m hf_fp8_attention demo --no-progress --out-dir "$OUT/demo"
+want check && step check python -m hf_fp8_attention check
+want demo && step demo python -m hf_fp8_attention demo --no-progress --out-dir "$OUT/demo"
 
-for attn in fp8_delta fp8_stale sdpa; do
-  step "finetune_$attn" python examples/finetune.py --attn "$attn" --no-progress --output-dir "$OUT/finetune/$attn"
-done
-step finetune_lora_packed_fp8_delta python examples/finetune.py --attn fp8_delta --lora --packed \
-  --gradient-checkpointing --no-progress --output-dir "$OUT/finetune/lora_packed_fp8_delta"
-step continued_pretraining_fp8_delta python examples/continued_pretraining.py --attn fp8_delta --no-progress \
-  --output-dir "$OUT/continued_pretraining/fp8_delta"
-if [ "$NGPU" -ge 2 ]; then
+if want finetune; then
+  for attn in fp8_delta fp8_stale sdpa; do
+    step "finetune_$attn" python examples/finetune.py --attn "$attn" --no-progress --output-dir "$OUT/finetune/$attn"
+  done
+  step finetune_lora_packed_fp8_delta python examples/finetune.py --attn fp8_delta --lora --packed \
+    --gradient-checkpointing --no-progress --output-dir "$OUT/finetune/lora_packed_fp8_delta"
+fi
+want pretrain && step continued_pretraining_fp8_delta python examples/continued_pretraining.py --attn fp8_delta \
+  --no-progress --output-dir "$OUT/continued_pretraining/fp8_delta"
+if want distributed && [ "$NGPU" -lt 2 ]; then
+  echo "distributed: skipped, needs 2 GPUs (found $NGPU)" | tee -a "$OUT/SUMMARY.md"
+fi
+if want distributed && [ "$NGPU" -ge 2 ]; then
   for cfg in ddp fsdp2; do
     step "continued_pretraining_${cfg}_fp8_delta" accelerate launch --config_file "examples/accelerate/$cfg.yaml" \
       examples/continued_pretraining.py --attn fp8_delta --no-progress --max-steps 100 --save-every 50 \
@@ -53,10 +62,12 @@ print(f"resume check: steps 51-100 max |loss difference| uninterrupted vs resume
 PY
   done
 fi
-for attn in fp8_delta fp8_stale sdpa; do
-  step "context_extension_$attn" python examples/context_extension.py --attn "$attn" --no-progress \
-    --output-dir "$OUT/context_extension/$attn"
-done
-step context_extension_probe python examples/context_extension.py --attn fp8_delta --no-progress \
+if want context; then
+  for attn in fp8_delta fp8_stale sdpa; do
+    step "context_extension_$attn" python examples/context_extension.py --attn "$attn" --no-progress \
+      --output-dir "$OUT/context_extension/$attn"
+  done
+fi
+want probe && step context_extension_probe python examples/context_extension.py --attn fp8_delta --no-progress \
   --base-steps 1 --max-steps 1 --probe-max-len --output-dir "$OUT/context_extension/probe"
 echo "all summaries: $OUT/SUMMARY.md"
