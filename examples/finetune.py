@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
     write_summary(out, summary, [
         f"finetune | attn {args.attn} | {'LoRA' if args.lora else 'full'} | {'packed' if args.packed else 'padded'} | "
         f"{summary['model']} ({total / 1e6:.1f}M params, {trainable / 1e6:.2f}M trainable)",
-        f"{args.max_steps} steps x {args.batch_size} x <= {args.seq_len} tokens in {summary['train_runtime_s']:.1f}s | "
+        f"{args.max_steps} steps x {args.batch_size * args.grad_accum} x <= {args.seq_len} tokens in {summary['train_runtime_s']:.1f}s | "
         f"train loss {first:.3f} -> {last:.3f} | eval loss {eval_loss:.3f}",
         f"loss curve: {png}",
     ])
