@@ -52,7 +52,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--base-steps", type=int, help="stage-1 steps at base length (built models only)")
     parser.add_argument("--probe-max-len", action="store_true", help="CUDA: longest length one GPU trains")
     parser.add_argument("--probe-limit", type=int, default=262144, help="stop probing at this length")
-    args = resolve_defaults(parser.parse_args(argv), gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    args = parser.parse_args(argv)
+    base_len_given = args.base_len is not None
+    args = resolve_defaults(args, gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    if args.model is not None and not base_len_given:
+        args.base_len = None  # a checkpoint's own max_position_embeddings is its base length
     if args.factor < 1.0:
         raise UsageError(f"--factor {args.factor}: must be >= 1 (this recipe extends, never shrinks, the context)")
     return args
@@ -141,11 +145,9 @@ def main(argv=None) -> dict:
     autocast = torch.bfloat16 if args.bf16 else None
     progress = not args.no_progress
 
-    if args.model is not None and args.base_len is None:
-        pass  # filled from the checkpoint below
     user_seq = args.seq_len
     args.seq_len = args.base_len  # prepare() checks the base length against the base model
-    corpus, tokenizer, config = prepare(args)
+    corpus, tokenizer, config = prepare(args, check_len=args.base_len is not None)
     base_len = args.base_len or config.max_position_embeddings
     seq_len = user_seq or int(base_len * args.factor)
     args.seq_len = seq_len
