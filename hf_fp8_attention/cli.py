@@ -20,7 +20,7 @@ import torch
 # element and operand. O and dV are products of two quantized operands (P·V, Pᵀ·dO) fed by
 # quantized logits: <= 2 x 2^-4. dQ and dK add the quantized dP and dS stages: <= 4 x 2^-4. A
 # normwise error beyond these cannot be FP8 rounding and means a broken path (a wrong mask, a
-# dropped scale gives O(1) errors). The matched row-sum residual is fp32 rounding (~1e-7); 1e-5
+# dropped scale gives O(1) errors). The matched row-sum residual is fp32 rounding (1e-8..1e-7); 1e-5
 # leaves room for accumulation order, while the stale delta sits near 1e-3..1e-2.
 _BOUNDS = {"out": 2**-3, "dv": 2**-3, "dq": 2**-2, "dk": 2**-2}
 _MATCHED_RESIDUAL_MAX = 1e-5

@@ -4,7 +4,7 @@ One batch goes through the model with a thin wrapper around SDPA (registered as 
 ``attn_implementation``) that records each layer's post-RoPE q, k, v and, through a tensor hook,
 the real upstream gradient dO of the attention output. ``hf_fp8_attention.diagnostics.diagnose``
 then replays the recipe's backward on exactly those tensors and reports, per query row,
-|Σ_j dS_ij| / Σ_j P_ij |dP_ij| — 0 for an exact softmax gradient, ~1e-7 (fp32 rounding) for the
+|Σ_j dS_ij| / Σ_j P_ij |dP_ij| — 0 for an exact softmax gradient, ~1e-8 (fp32 rounding) for the
 delta-matched backward, and the size of the stale-delta error otherwise.
 """
 from __future__ import annotations
