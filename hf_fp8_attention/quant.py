@@ -46,7 +46,10 @@ def compute_scales(amax: torch.Tensor, fmt: FP8Format, pow2: bool) -> torch.Tens
     A tiny but non-zero amax (below FMT_MAX · 2^-126, e.g. a far-tail dS block) would underflow the
     scale to 0 and turn the block into NaN; the scale is floored at the smallest normal fp32 instead.
     """
-    scale = (amax.float() / fmt.max).clamp_min(_FP32_TINY)  # clamp_min keeps NaN
+    # Divide by a tensor, not a Python float: CUDA turns `x / float` into a multiply by the rounded
+    # reciprocal, which would make the emulation's scales differ between CPU and GPU.
+    fmax = torch.tensor(fmt.max, dtype=torch.float32, device=amax.device)
+    scale = (amax.float() / fmax).clamp_min(_FP32_TINY)  # clamp_min keeps NaN
     if pow2:
         # Round up so that amax / scale <= FMT_MAX still holds; exp2(ceil(log2(inf))) stays inf.
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
