@@ -1,6 +1,17 @@
-"""Shared test setup: the `gpu` marker skips cleanly where no FP8-capable CUDA GPU is present."""
+"""Shared test setup.
+
+- The `gpu` marker skips cleanly where no FP8-capable CUDA GPU is present.
+- Without a CUDA GPU, the Triton kernels run under the interpreter: Triton reads TRITON_INTERPRET
+  when a kernel is decorated (at the first import of a kernels module, wherever a test module is
+  collected), so it is set here, before any test module is imported.
+"""
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def fp8_gpu_available() -> bool:
