@@ -76,6 +76,7 @@ def test_causal_needs_q_len_at_most_kv_len():
         ([0, 9, 8], [0, 8, 16], "non-decreasing"),
         ([0, 8, 17], [0, 8, 16], "end at most at the token count 16"),
         ([0, 16], [0, 8, 16], "same number of sequences"),
+        ([0], [0], "needs at least 2 entries"),
     ],
 )
 def test_bad_cu_seqlens(cu_q, cu_k, message):
@@ -98,3 +99,16 @@ def test_cu_seqlens_need_int_tensors_and_batch_one():
 def test_forced_triton_backend_on_cpu_is_a_clear_error():
     with pytest.raises(RuntimeError, match="sdpa"):
         fp8_attention(*_qkv(), config=FP8AttentionConfig(backend="triton"))
+
+
+def test_varlen_compiles_without_graph_breaks():
+    # The host-side value checks of cu_seqlens run in eager calls only; a compiled call must trace
+    # through to the custom op (fullgraph=True fails on any graph break) and give the same result.
+    q, k, v, dout = make_qkv(sq=40, dtype=torch.float32, seed=21)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+
+    def attend(q, k, v, cu):
+        return fp8_attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+    compiled = torch.compile(attend, fullgraph=True)
+    assert torch.equal(compiled(q, k, v, cu), attend(q, k, v, cu))
