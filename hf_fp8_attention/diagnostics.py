@@ -22,6 +22,23 @@ from .config import FP8AttentionConfig
 from .exact import exact_attention_grads
 from .masking import MaskSpec
 
+# FP8 error budget: relative Frobenius error of one attention call against float64 attention on
+# well-conditioned (random-normal) inputs. E4M3 keeps 3 mantissa bits: unit roundoff u = 2^-4.
+# Each FP8 matmul operand carries a per-element rounding error of at most u (RMS about u/3 for
+# uniform mantissas), and independent errors average out in the sums, so one level of quantized
+# matmul lands near u/2:
+#   - O and dV pass through two quantized operand levels (S's operands via P, and V or dO): budget u.
+#   - dQ and dK pass through three (S's operands, dP's operands, then dS and K/Q): budget 1.5u.
+# Measured by the emulation: O 4.2-4.7%, dV 4.4-4.7%, dQ/dK 5.6-6.9% (seq 200-1000, d 64-128).
+U_E4M3 = 2.0**-4
+FP8_ERROR_BUDGET = {"out": U_E4M3, "dv": U_E4M3, "dq": 1.5 * U_E4M3, "dk": 1.5 * U_E4M3}
+# The matched hybrid backward has bf16 operands (u = 2^-8) and inherits the FP8 forward only through
+# its own normaliser: within 4 bf16 units (1.6%).
+HYBRID_MATCHED_GRAD_BUDGET = 4 * 2.0**-8
+# The matched zero-row-sum residual is fp32 rounding of the row sums (measured median 1e-8, max
+# 3e-7 on random inputs); the stale delta leaves 1e-3..1e-1.
+MATCHED_ROW_SUM_RESIDUAL_MAX = 1e-6
+
 
 @dataclass
 class DiagnosticsReport:

@@ -1,21 +1,14 @@
-"""Input makers and the error-budget table shared by the numerics tests.
+"""Input makers and assertions shared by the numerics tests.
 
-FP8 error budget (relative Frobenius error against float64 attention, random-normal inputs).
-E4M3 keeps 3 mantissa bits: unit roundoff u = 2^-4 = 6.25%. Each FP8 matmul operand carries a
-per-element rounding error of at most u (RMS about u/3 for uniform mantissas), and the errors of
-independent elements average out in the sums, so one level of quantized matmul lands near u/2:
-  - O and dV pass through two quantized operands (S's operands via P, and V or dO): budget u.
-  - dQ and dK pass through three levels (S's operands, dP's operands, then dS and K/Q): budget 1.5u.
-The hybrid (bf16) backward has bf16 operands (u = 2^-8) but inherits the FP8 forward's P only
-through LSE/O; matched hybrid gradients must land within 4 bf16 units (1.6%).
-A broken tile, scale or mask gives O(1) errors, far outside these budgets; exact agreement with the
-kernels is checked separately (same quantization, tight bounds).
+The FP8 error budget (``FP8_ERROR_BUDGET``, relative error against float64 attention) is defined
+and justified once, in :mod:`hf_fp8_attention.diagnostics`; ``check``'s self-test uses it too.
+A broken tile, scale or mask gives O(1) errors, far outside it; exact agreement with the kernels is
+checked separately (same quantization, tight bounds).
 """
 import torch
 
-U_E4M3 = 2.0**-4
-BUDGET = {"out": U_E4M3, "dv": U_E4M3, "dq": 1.5 * U_E4M3, "dk": 1.5 * U_E4M3}
-HYBRID_MATCHED_GRAD_BUDGET = 4 * 2.0**-8
+from hf_fp8_attention.diagnostics import FP8_ERROR_BUDGET as BUDGET
+from hf_fp8_attention.diagnostics import HYBRID_MATCHED_GRAD_BUDGET  # noqa: F401 (re-exported for tests)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
