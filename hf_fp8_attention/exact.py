@@ -34,11 +34,14 @@ def exact_attention(
     q, k, v = q.double(), k.double(), v.double()
     if not mask.is_varlen:
         return _dense_exact(q, k, v, scale, mask.causal, mask.window)
-    pieces = [torch.zeros_like(q[:, :, : mask.sequence_bounds()[0][0]])]
-    for i, (qs, qe, ks, ke) in enumerate(mask.sequence_bounds()):
+    # Tokens outside every sequence (before the first, between or after them) output 0; built by
+    # concatenation rather than in-place writes so that autograd runs through it.
+    bounds = mask.sequence_bounds()
+    starts = [qs for qs, _, _, _ in bounds[1:]] + [q.shape[2]]
+    pieces = [torch.zeros_like(q[:, :, : bounds[0][0]])]
+    for (qs, qe, ks, ke), next_start in zip(bounds, starts):
         pieces.append(_dense_exact(q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window))
-        gap_end = mask.sequence_bounds()[i + 1][0] if i + 1 < len(mask.sequence_bounds()) else q.shape[2]
-        pieces.append(torch.zeros_like(q[:, :, qe:gap_end]))
+        pieces.append(torch.zeros_like(q[:, :, qe:next_start]))
     return torch.cat(pieces, dim=2)
 
 
