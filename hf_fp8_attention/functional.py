@@ -13,6 +13,21 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _autocast(q, k, v):
+    """Under ``torch.autocast`` the attention runs in the autocast dtype, as SDPA does.
+
+    This is the common case in mixed-precision training: with fp32 weights, RoPE multiplies the
+    bf16 projections by fp32 cos/sin, so q and k arrive in fp32 while v is bf16.
+    """
+    tensors = (q, k, v)
+    if all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            tensors = tuple(t.to(dtype) for t in tensors)
+    return tensors
+
+
 def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -92,8 +107,10 @@ def fp8_attention(
         cu_seqlens_q, cu_seqlens_k: packed variable-length batch: ``B == 1`` and these int tensors
             ``(n_seq + 1,)`` give each sequence's token range; sequences do not see each other.
     Returns:
-        ``(B, Hq, Sq, D)`` in the input dtype.
+        ``(B, Hq, Sq, D)`` in the input dtype (under ``torch.autocast``: the autocast dtype, to
+        which q, k, v are cast first, as SDPA does).
     """
+    q, k, v = _autocast(q, k, v)
     _check_tensors(q, k, v)
     _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k)
     config = FP8AttentionConfig() if config is None else config

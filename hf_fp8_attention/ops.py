@@ -155,12 +155,15 @@ def attention_forward(
     """FP8 attention forward: ``out (B, Hq, Sq, D)`` contiguous in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
     cfg = _config_from_key(config)
     mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
-    if select_backend(q.device, cfg) is Backend.TRITON:
-        from .kernels.forward import triton_forward
+    # The recipe fixes every precision itself: an enclosing autocast must not turn the emulation's
+    # fp32 matmuls into bf16 ones (functional.fp8_attention already cast the inputs).
+    with torch.autocast(q.device.type, enabled=False):
+        if select_backend(q.device, cfg) is Backend.TRITON:
+            from .kernels.forward import triton_forward
 
-        out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
-    else:
-        out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=cfg)
+            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
+        else:
+            out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=cfg)
     return out.contiguous(), lse.contiguous()
 
 
@@ -193,12 +196,13 @@ def attention_backward(
     cfg = _config_from_key(config)
     mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
     grads = None
-    if select_backend(q.device, cfg) is Backend.TRITON:
-        kernel = _triton_backward_fn()
-        if kernel is not None:
-            grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
-    if grads is None:
-        grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
+    with torch.autocast(q.device.type, enabled=False):  # see attention_forward
+        if select_backend(q.device, cfg) is Backend.TRITON:
+            kernel = _triton_backward_fn()
+            if kernel is not None:
+                grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
+        if grads is None:
+            grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
     return tuple(g.contiguous() for g in grads)
 
 

@@ -19,6 +19,28 @@ def test_output_layout_dtype_and_default_scale():
     assert not torch.equal(out, fp8_attention(q, k, v, scale=0.5))
 
 
+def test_autocast_casts_inputs_like_sdpa():
+    """Under autocast (fp32 q/k after RoPE, bf16 v) the op runs in the autocast dtype and the
+    gradients flow back to the inputs in their own dtypes."""
+    q, k, v = (t.float() for t in _qkv(hq=4, hkv=2))
+    q.requires_grad_(True)
+    v_bf16 = v.bfloat16().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fp8_attention(q, k, v_bf16, causal=True)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v_bf16.repeat_interleave(2, 1), is_causal=True)
+    assert out.dtype == sdpa.dtype == torch.bfloat16
+    assert torch.equal(out, fp8_attention(q.bfloat16(), k.bfloat16(), v_bf16, causal=True))
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and v_bf16.grad.dtype == torch.bfloat16
+    assert torch.isfinite(q.grad).all() and torch.isfinite(v_bf16.grad).all()
+    # A backward called inside the autocast region computes the same gradients.
+    grads = q.grad.clone(), v_bf16.grad.clone()
+    q.grad = v_bf16.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp8_attention(q, k, v_bf16, causal=True).float().sum().backward()
+    assert torch.equal(q.grad, grads[0]) and torch.equal(v_bf16.grad, grads[1])
+
+
 @pytest.mark.parametrize(
     "mutate, error, message",
     [

@@ -139,6 +139,18 @@ def test_bf16_model_close_to_sdpa():
     assert all(torch.isfinite(g).all() for g in fp8_grads.values())
 
 
+def test_fp32_model_under_bf16_autocast_trains():
+    """Mixed precision as Trainer/Accelerate run it (fp32 weights, bf16 autocast): RoPE leaves q/k
+    in fp32 and v in bf16; the backend must take them like sdpa does, forward and backward."""
+    model = tiny_model("llama", "fp8_delta")
+    x = tokens(2, 40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x, labels=x).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
 def test_import_registers_attention_and_mask_functions():
     """Both registries: a name without a mask function would get attention_mask=None (padding lost)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
