@@ -11,6 +11,7 @@ flipped where an fp32 last-bit difference meets a rounding tie. 1e-4 covers that
 ~500x below the FP8 quantization error itself (~5e-2 against float64), so a wrong tile, scale axis,
 mask or delta fails it by orders of magnitude.
 """
+import collections
 import os
 
 import pytest
@@ -27,6 +28,10 @@ from hf_fp8_attention.config import FP8AttentionConfig
 from hf_fp8_attention.masking import MaskSpec
 
 kernels = pytest.importorskip("hf_fp8_attention.kernels.backward")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from hf_fp8_attention.kernels import backward_prequant as prequant  # noqa: E402
 
 KERNEL_VS_EMULATION = 1e-4
 TILES = dict(block_q=16, block_k=16)  # small tiles: several tiles (and partial ones) on tiny shapes
@@ -159,3 +164,118 @@ def test_bad_inputs_raise_clear_errors():
         kernels.triton_backward(q, k, v, None, lse.double(), do, scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
     with pytest.raises(ValueError, match="dout"):
         kernels.triton_backward(q, k, v, None, lse, do[:, :1], scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
+
+
+# The pre-quantized kernels visit interior tiles (every row and key in range, every pair visible)
+# without mask work, boundary tiles with it. LAUNCH["free_tile"] is shrunk so that these shapes have
+# both kinds of tiles in both kernels, with the two tile sides of a kernel differing. Seed 1: with
+# seed 0, three of these shapes hit one FP8 code flipped at a rounding tie (as before the split).
+SPLIT_CASES = {
+    # name: ((B, Hq, Hkv, Sq, Sk, D), mask kwargs, free tile sides (dQ query rows, dK/dV keys))
+    "causal_gqa_qshort": ((1, 2, 1, 40, 70, 64), {"causal": True}, (32, 32)),
+    "causal_window": ((1, 1, 1, 80, 80, 64), {"causal": True, "window": 48}, (16, 32)),
+    "window_noncausal_qlong": ((1, 1, 1, 70, 50, 64), {"window": 40}, (32, 16)),
+    "varlen_causal_gqa": ((1, 2, 1, 100, 100, 64), {"causal": True, "cu": ([0, 7, 60, 100], [0, 10, 70, 100])},
+                          (16, 32)),
+    "varlen_window_noncausal": ((1, 1, 1, 90, 90, 64), {"window": 40, "cu": ([0, 41, 90], [0, 33, 88])}, (16, 16)),
+}
+TILE_LOOPS = ("_dq_stats_tiles", "_dq_tiles", "_dkdv_tiles")
+
+
+def _count_tiles(monkeypatch):
+    """Tiles each loop helper visits, per MASKED flag (the interpreter looks helpers up at each call)."""
+    counts = collections.Counter()
+    for name in TILE_LOOPS:
+        fn = getattr(prequant, name)
+        at = fn.arg_names.index("MASKED")  # preceded by the tile range t_lo, t_hi
+
+        def counted(*args, fn=fn, at=at, name=name):
+            counts[name, bool(args[at])] += int(args[at - 1]) - int(args[at - 2])
+            return fn(*args)
+
+        monkeypatch.setattr(prequant, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
+    shape, mask_kw, (bm, bn) = SPLIT_CASES[name]
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
+    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dkdv": bn})
+    counts = _count_tiles(monkeypatch)
+    (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
+    for loop in TILE_LOOPS:
+        assert counts[loop, False] > 0 and counts[loop, True] > 0, dict(counts)
+    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert torch.isfinite(x).all(), label
+        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+
+
+def test_prequant_interior_tiles_keep_the_debug_row_sums(monkeypatch):
+    shape, mask_kw, (bm, bn) = SPLIT_CASES["causal_window"]
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
+    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dkdv": bn})
+    config, mask = FP8AttentionConfig(**TILES), _mask(**mask_kw)
+    (dq, dk, dv, ds_sum, pabs), _ = _run(shape, mask, config, seed=1, debug=True)
+    grads, _ = _run(shape, mask, config, seed=1)
+    for a, b in zip((dq, dk, dv), grads):
+        assert torch.equal(a, b)
+    assert (pabs > 0).all()  # causal window: every query sees its own key
+    assert (ds_sum.abs() / pabs).max().item() <= 1e-5  # matched: Σ_j dS_ij vanishes to fp32 rounding
+
+
+@triton.jit
+def _tile_bounds_kernel(P, OUT, N, KEY_TILES: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                        CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows (first row / key of the fixed tile, q_len, k_len, window) of P (N, 4) -> rows (t_lo, f_lo,
+    f_hi, t_hi) of OUT. The scalar helpers are elementwise, so one call covers BLOCK rows."""
+    i = tl.arange(0, BLOCK)
+    ok = i < N
+    first, q_len = tl.load(P + 4 * i, mask=ok), tl.load(P + 4 * i + 1, mask=ok)
+    k_len, window = tl.load(P + 4 * i + 2, mask=ok), tl.load(P + 4 * i + 3, mask=ok)
+    if KEY_TILES:
+        bounds = prequant._key_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+    else:
+        bounds = prequant._query_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+    for j in tl.static_range(4):
+        tl.store(OUT + 4 * i + j, bounds[j] + 0 * i, mask=ok)  # + 0 * i: a bound may be a scalar
+
+
+@pytest.mark.parametrize("key_tiles", [True, False], ids=["dq_key_tiles", "dkdv_query_tiles"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("has_window", [False, True], ids=["", "window"])
+def test_interior_tile_ranges_against_brute_force(key_tiles, causal, has_window):
+    """Interior tiles [f_lo, f_hi) are exactly the fully visible in-range tiles, and no tile outside
+    [t_lo, t_hi) holds a visible pair: every length residue, q_len < and > k_len, partial tiles."""
+    windows = (1, 7, 16, 20, 33, 47) if has_window else (0,)
+    for block_q, block_k in ((16, 16), (32, 16), (16, 32)):
+        fixed_block = block_q if key_tiles else block_k
+        params = [(first, q_len, k_len, window)
+                  for q_len in range(1, 65, 7) for k_len in range(1, 65, 5) for window in windows
+                  for first in range(0, q_len if key_tiles else k_len, fixed_block)]
+        p = torch.tensor(params, dtype=torch.int32)
+        out = torch.empty_like(p)
+        _tile_bounds_kernel[(1,)](p, out, len(params), KEY_TILES=key_tiles, BLOCK_Q=block_q, BLOCK_K=block_k,
+                                  CAUSAL=causal, HAS_WINDOW=has_window, BLOCK=triton.next_power_of_2(len(params)))
+        rows = torch.arange(-64, 128)[:, None]  # rows and keys well beyond both sequences
+        keys = torch.arange(-64, 128)[None, :]
+        for (first, q_len, k_len, window), (t_lo, f_lo, f_hi, t_hi) in zip(params, out.tolist()):
+            pos = rows + k_len - q_len
+            vis = (rows >= 0) & (rows < q_len) & (keys >= 0) & (keys < k_len)
+            if causal:
+                vis &= keys <= pos
+            if has_window:
+                vis &= pos - keys < window
+                if not causal:
+                    vis &= keys - pos < window
+            if key_tiles:  # fixed query rows first .. first + block_q - 1, tiles of block_k keys
+                tiles = vis[first + 64: first + 64 + block_q].reshape(block_q, -1, block_k).transpose(0, 1)
+            else:  # fixed keys, tiles of block_q query rows
+                tiles = vis[:, first + 64: first + 64 + block_k].reshape(-1, block_q, block_k)
+            index = torch.arange(tiles.shape[0]) - 64 // (block_k if key_tiles else block_q)
+            full = set(index[tiles.flatten(1).all(1)].tolist())
+            seen = set(index[tiles.flatten(1).any(1)].tolist())
+            case = (block_q, block_k, first, q_len, k_len, window, t_lo, f_lo, f_hi, t_hi)
+            assert 0 <= t_lo <= f_lo <= f_hi <= t_hi, case
+            assert full == set(range(f_lo, f_hi)), (case, sorted(full))
+            assert seen <= set(range(t_lo, t_hi)), (case, sorted(seen))

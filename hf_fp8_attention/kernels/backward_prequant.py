@@ -18,6 +18,14 @@ ulp of ``x / scale``, which moves a code only at a rounding tie).
 The dK/dV kernel works in the transposed orientation (Sᵀ = K Qᵀ, tiles (BLOCK_K, BLOCK_Q)), so
 Pᵀ and dSᵀ are the A operands of dV and dK directly and "per column within the query tile"
 becomes a per-row scale.
+
+Each tile loop runs in three parts, as in the forward kernel: leading boundary tiles, interior
+tiles, trailing boundary tiles (bounds: :func:`_key_tiles`, :func:`_query_tiles`). Interior tiles
+(every row and key in range, every (query, key) pair visible) skip the visibility mask, its
+``tl.where`` and the load masks: elementwise work that would otherwise compete with the FP8 MMAs.
+Visible elements see the same operations in the same order either way: bit-identical under the
+interpreter. Compiled with FP fusion (Triton's default), the interior statistics loop may round
+differently in the last bit (see :func:`_dq_stats_tiles`).
 """
 from __future__ import annotations
 
@@ -50,15 +58,115 @@ def _quant_tile(x, AXIS: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexpr
 
 
 @triton.jit
-def _rows(base, tok, ok, offs_d, BLOCK_D: tl.constexpr):
-    """(T, BLOCK_D) fp8 codes of a row-wise copy laid out (..., S, BLOCK_D)."""
-    return tl.load(base + tok[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+def _rows(base, tok, ok, offs_d, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+    """(T, BLOCK_D) fp8 codes of a row-wise copy laid out (..., S, BLOCK_D); MASKED: rows outside ``ok`` read 0."""
+    ptrs = base + tok[:, None].to(tl.int64) * BLOCK_D + offs_d[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=ok[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
 
 
 @triton.jit
-def _cols_t(base, tok, ok, offs_d, S_PAD):
-    """(BLOCK_D, T) fp8 codes of a transposed channel-wise copy laid out (..., BLOCK_D, S_PAD)."""
-    return tl.load(base + offs_d[:, None].to(tl.int64) * S_PAD + tok[None, :], mask=ok[None, :], other=0.0)
+def _cols_t(base, tok, ok, offs_d, S_PAD, MASKED: tl.constexpr):
+    """(BLOCK_D, T) fp8 codes of a transposed channel-wise copy laid out (..., BLOCK_D, S_PAD); MASKED:
+    columns outside ``ok`` read 0."""
+    ptrs = base + offs_d[:, None].to(tl.int64) * S_PAD + tok[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=ok[None, :], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _vec(ptrs, ok, other, MASKED: tl.constexpr):
+    """(T,) per-token values; MASKED: tokens outside ``ok`` read ``other``."""
+    if MASKED:
+        x = tl.load(ptrs, mask=ok, other=other)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _visible(ok, pos_q, key, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Which (query, key) pairs of a tile attend: ``ok`` (both in range) and the causal / window
+    rules. ``pos_q`` (query positions, aligned to the keys) and ``key`` come broadcast to the tile's
+    orientation: (BLOCK_Q, 1) and (1, BLOCK_K) for the dQ kernel, transposed for the dK/dV kernel."""
+    vis = ok
+    if CAUSAL:
+        vis = vis & (key <= pos_q)
+    if HAS_WINDOW:
+        vis = vis & ((pos_q - key) < window)
+        if not CAUSAL:
+            vis = vis & ((key - pos_q) < window)
+    return vis
+
+
+@triton.jit
+def _split_tiles(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
+    """Tiles of BLOCK positions (tile t = [t·BLOCK, (t+1)·BLOCK)) covering the positions [lo, hi),
+    split around those lying wholly inside [full_lo, full_hi): returns t_lo <= f_lo <= f_hi <= t_hi;
+    [f_lo, f_hi) are the interior tiles, [t_lo, f_lo) and [f_hi, t_hi) the boundary tiles. Integer
+    scalars; any bound may be negative and either range empty."""
+    t_lo = tl.maximum(lo, 0) // BLOCK
+    t_hi = tl.maximum(tl.cdiv(tl.maximum(hi, 0), BLOCK), t_lo)
+    f_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(full_lo, 0), BLOCK), t_lo), t_hi)
+    f_hi = tl.minimum(tl.maximum(tl.maximum(full_hi, 0) // BLOCK, f_lo), t_hi)
+    return t_lo, f_lo, f_hi, t_hi
+
+
+@triton.jit
+def _key_tiles(m0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key tiles of the dQ kernel's query tile (rows m0 .. m0 + BLOCK_Q − 1, query i at key position
+    i + k_len − q_len), as (t_lo, f_lo, f_hi, t_hi) of :func:`_split_tiles`: [t_lo, t_hi) holds every
+    key any of its rows may see; the interior tiles [f_lo, f_hi) have every row and key in range and
+    every pair visible, which needs all BLOCK_Q rows in range and each key tile inside the keys the
+    first row sees (causal, non-causal window) and the last row sees (window)."""
+    pos_lo = m0 + k_len - q_len
+    pos_hi = pos_lo + BLOCK_Q - 1
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(hi, pos_hi + 1)
+        full_hi = tl.minimum(full_hi, pos_lo + 1)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, pos_lo - window + 1)
+        full_lo = tl.maximum(full_lo, pos_hi - window + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, pos_hi + window)
+            full_hi = tl.minimum(full_hi, pos_lo + window)
+    full_hi = tl.where(m0 + BLOCK_Q <= q_len, full_hi, 0)  # a partial query tile has no interior
+    return _split_tiles(lo, hi, full_lo, full_hi, BLOCK_K)
+
+
+@triton.jit
+def _query_tiles(n0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Query tiles (in query rows) of the dK/dV kernel's key tile (keys n0 .. n0 + BLOCK_K − 1), as in
+    :func:`_key_tiles`: interior query tiles need all BLOCK_K keys in range and lie inside the rows
+    that the last key reaches (causal, non-causal window) and the first key reaches (window)."""
+    shift = k_len - q_len
+    lo = 0
+    hi = q_len
+    full_lo = 0
+    full_hi = q_len
+    if CAUSAL:
+        lo = tl.maximum(lo, n0 - shift)
+        full_lo = tl.maximum(full_lo, n0 + BLOCK_K - 1 - shift)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, n0 + BLOCK_K - 1 + window - shift)
+        full_hi = tl.minimum(full_hi, n0 + window - shift)
+        if not CAUSAL:
+            lo = tl.maximum(lo, n0 - window + 1 - shift)
+            full_lo = tl.maximum(full_lo, n0 + BLOCK_K - window - shift)
+    full_hi = tl.where(n0 + BLOCK_K <= k_len, full_hi, 0)  # a partial key tile has no interior
+    return _split_tiles(lo, hi, full_lo, full_hi, BLOCK_Q)
 
 
 @triton.jit
@@ -89,6 +197,96 @@ def _slot(seq, tile, TOFF, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
+            BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+    """S (log2 units) and dP, both (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one
+    key tile, from the row-wise codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales."""
+    k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
+    v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
+    sk = _vec(krs_base + keys, col_ok, 1.0, MASKED)
+    sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
+    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
+    dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
+    return s, dp
+
+
+@triton.jit
+def _dq_stats_tiles(
+    m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+    kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
+    running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij. Masks only if MASKED."""
+    offs_n0 = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    for t in range(t_lo, t_hi):
+        offs_n = t * BLOCK_K + offs_n0
+        col_ok = offs_n < k_len  # read only if MASKED
+        s, dp = _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
+                        offs_d, BLOCK_D, MASKED)
+        if MASKED:
+            vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
+                           CAUSAL, HAS_WINDOW)
+            s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows with no visible key so far keep every exponent finite. Kept on interior tiles too (one
+        # value per row): logits that overflow to -inf stay handled exactly as on boundary tiles.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        # Without the tl.where above (interior tiles), FP fusion may contract S's last scale multiply
+        # and this subtraction into one FMA: last-bit differences from the boundary-tile rounding.
+        e = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(e, 1)
+        edp = e * dp
+        if MASKED:
+            edp = tl.where(vis, edp, 0.0)
+        u_i = u_i * alpha + tl.sum(edp, 1)
+        m_i = m_new
+    return m_i, l_i, u_i
+
+
+@triton.jit
+def _dq_tiles(
+    dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+    kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, t_lo, t_hi,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
+    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_D) (before the factor τ)
+    and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
+    ``kcs_base`` points at the sequence's first key tile of K's channel-wise scales."""
+    offs_n0 = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    for t in range(t_lo, t_hi):
+        offs_n = t * BLOCK_K + offs_n0
+        col_ok = offs_n < k_len  # read only if MASKED
+        keys = k_start + offs_n
+        s, dp = _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
+                        offs_d, BLOCK_D, MASKED)
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASKED:
+            vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
+                           CAUSAL, HAS_WINDOW)
+            p = tl.where(vis, p, 0.0)
+        ds = p * (dp - delta[:, None])
+        if DEBUG:
+            ds_sum += tl.sum(ds, 1)
+            dp_abs = tl.abs(dp)
+            if MASKED:
+                dp_abs = tl.where(vis, dp_abs, 0.0)
+            pabs_sum += tl.sum(p * dp_abs, 1)
+        # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
+        ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+        kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD, MASKED)
+        skc = tl.load(kcs_base + t * BLOCK_D + offs_d)
+        dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
+    return dq, ds_sum, pabs_sum
+
+
+@triton.jit
 def _bwd_dq_prequant_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
     DO, O, LSE, DQ, LSE2, DELTA, DBG_DSSUM, DBG_PABS,
@@ -113,17 +311,15 @@ def _bwd_dq_prequant_kernel(
         return
     offs_m = m0 + tl.arange(0, BLOCK_Q)
     row_ok = offs_m < q_len
-    shift = k_len - q_len
-    pos_q = offs_m + shift
+    pos_q = offs_m + (k_len - q_len)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    offs_n0 = tl.arange(0, BLOCK_K)
     rows = q_start + offs_m
 
     bh_q = (batch * H + h).to(tl.int64)
     bh_k = (batch * HKV + hk).to(tl.int64)
-    q8 = _rows(QR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D)
-    do8 = _rows(DOR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D)
+    q8 = _rows(QR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D, True)
+    do8 = _rows(DOR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D, True)
     sq = tl.load(QRS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0) * qk_scale
     sdo = tl.load(DORS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
     kr_base = KR + bh_k * SK_TOTAL * BLOCK_D
@@ -131,48 +327,25 @@ def _bwd_dq_prequant_kernel(
     krs_base = KRS + bh_k * SK_TOTAL
     vrs_base = VRS + bh_k * SK_TOTAL
     kct_base = KCT + bh_k * BLOCK_D * SK_PAD
-    kcs_base = KCS + bh_k * NT_K * BLOCK_D
-
-    lo = 0
-    hi = k_len
-    if CAUSAL:
-        hi = tl.minimum(hi, m0 + BLOCK_Q + shift)
-    if HAS_WINDOW:
-        lo = tl.maximum(lo, m0 + shift - window + 1)
-        if not CAUSAL:
-            hi = tl.minimum(hi, m0 + BLOCK_Q - 1 + shift + window)
-    lo = (lo // BLOCK_K) * BLOCK_K
+    kcs_base = KCS + (bh_k * NT_K + _slot(seq, 0, TOFF_K, VARLEN)) * BLOCK_D
+    # Both loops visit key tiles in order: leading boundary tiles (window edge), interior tiles
+    # (no mask work), trailing boundary tiles (causal diagonal, window edge, sequence end).
+    t_lo, f_lo, f_hi, t_hi = _key_tiles(m0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
 
     stat_off = bh_q * SQ_TOTAL + rows
     if MATCHED:
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
-        for n0 in range(lo, hi, BLOCK_K):
-            offs_n = n0 + offs_n0
-            col_ok = offs_n < k_len
-            keys = k_start + offs_n
-            k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D)
-            v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D)
-            sk = tl.load(krs_base + keys, mask=col_ok, other=1.0)
-            sv = tl.load(vrs_base + keys, mask=col_ok, other=1.0)
-            s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
-            dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
-            vis = row_ok[:, None] & col_ok[None, :]
-            if CAUSAL:
-                vis = vis & (offs_n[None, :] <= pos_q[:, None])
-            if HAS_WINDOW:
-                vis = vis & ((pos_q[:, None] - offs_n[None, :]) < window)
-                if not CAUSAL:
-                    vis = vis & ((offs_n[None, :] - pos_q[:, None]) < window)
-            s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            e = tl.math.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(e, 1)
-            u_i = u_i * alpha + tl.sum(tl.where(vis, e * dp, 0.0), 1)
-            m_i = m_new
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, f_lo,
+                                        True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
+                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi, t_hi,
+                                        True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))
@@ -188,42 +361,73 @@ def _bwd_dq_prequant_kernel(
     tl.store(DELTA + stat_off, delta, mask=row_ok)
 
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    if DEBUG:
-        ds_sum = tl.zeros([BLOCK_Q], tl.float32)
-        pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
-    for n0 in range(lo, hi, BLOCK_K):
-        offs_n = n0 + offs_n0
-        col_ok = offs_n < k_len
-        keys = k_start + offs_n
-        k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D)
-        v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D)
-        sk = tl.load(krs_base + keys, mask=col_ok, other=1.0)
-        sv = tl.load(vrs_base + keys, mask=col_ok, other=1.0)
-        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
-        dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
-        vis = row_ok[:, None] & col_ok[None, :]
-        if CAUSAL:
-            vis = vis & (offs_n[None, :] <= pos_q[:, None])
-        if HAS_WINDOW:
-            vis = vis & ((pos_q[:, None] - offs_n[None, :]) < window)
-            if not CAUSAL:
-                vis = vis & ((offs_n[None, :] - pos_q[:, None]) < window)
-        p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
-        ds = p * (dp - delta[:, None])
-        if DEBUG:
-            ds_sum += tl.sum(ds, 1)
-            pabs_sum += tl.sum(p * tl.abs(tl.where(vis, dp, 0.0)), 1)
-        # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
-        ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
-        kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD)
-        skc = tl.load(kcs_base + _slot(seq, n0 // BLOCK_K, TOFF_K, VARLEN) * BLOCK_D + offs_d)
-        dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
+    ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
+    pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+                                     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+                                     window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+                                     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+                                     window, SK_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
+                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+                                     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+                                     window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
     dq = dq * tau
     dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if DEBUG:
         tl.store(DBG_DSSUM + stat_off, ds_sum, mask=row_ok)
         tl.store(DBG_PABS + stat_off, pabs_sum, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk, dv, k8, v8, sk, sv, col_ok, offs_n,
+    qr_base, dor_base, qrs_base, dors_base, lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+    q_start, q_len, shift, window, SQ_PAD, t_lo, t_hi,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
+    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
+    and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
+    The ``*_base`` pointers are the query head's; ``qcs_base`` / ``docs_base`` point at the
+    sequence's first query tile of the channel-wise scales."""
+    offs_m0 = tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, BLOCK_D)
+    for t in range(t_lo, t_hi):
+        offs_m = t * BLOCK_Q + offs_m0
+        row_ok = offs_m < q_len  # read only if MASKED
+        rows = q_start + offs_m
+        q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
+        do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
+        sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
+        sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
+        lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
+        delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
+        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ
+        st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+        dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
+        pt = tl.math.exp2(st - lse2[None, :])
+        if MASKED:
+            vis = _visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
+                           CAUSAL, HAS_WINDOW)
+            pt = tl.where(vis, pt, 0.0)
+        dst = pt * (dpt - delta[None, :])
+        # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
+        p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
+        doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+        sdoc = tl.load(docs_base + t * BLOCK_D + offs_d)
+        dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
+        # B5: dS per column of the query tile, Q per channel within the tile.
+        ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+        qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+        sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
+        dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+    return dk, dv
 
 
 @triton.jit
@@ -251,24 +455,17 @@ def _bwd_dkdv_prequant_kernel(
     keys = k_start + offs_n
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    offs_m0 = tl.arange(0, BLOCK_Q)
     shift = k_len - q_len
 
     bh_k = (batch * HKV + hk).to(tl.int64)
-    k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D)
-    v8 = _rows(VR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D)
+    k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
+    v8 = _rows(VR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
     sk = tl.load(KRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0) * qk_scale
     sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
-
-    lo = 0
-    hi = q_len
-    if CAUSAL:
-        lo = tl.maximum(lo, n0 - shift)
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, n0 + BLOCK_K - 1 + window - shift)
-        if not CAUSAL:
-            lo = tl.maximum(lo, n0 - window + 1 - shift)
-    lo = (lo // BLOCK_Q) * BLOCK_Q
+    # Per query head, query tiles in order: leading boundary tiles (causal diagonal, window edge),
+    # interior tiles (no mask work), trailing boundary tiles (window edge, sequence end).
+    t_lo, f_lo, f_hi, t_hi = _query_tiles(n0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+    slot0 = _slot(seq, 0, TOFF_Q, VARLEN)
 
     dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
@@ -276,42 +473,26 @@ def _bwd_dkdv_prequant_kernel(
         bh_q = (batch * H + hk * G + g).to(tl.int64)
         qr_base = QR + bh_q * SQ_TOTAL * BLOCK_D
         dor_base = DOR + bh_q * SQ_TOTAL * BLOCK_D
+        qrs_base = QRS + bh_q * SQ_TOTAL
+        dors_base = DORS + bh_q * SQ_TOTAL
+        lse2_base = LSE2 + bh_q * SQ_TOTAL
+        delta_base = DELTA + bh_q * SQ_TOTAL
         qct_base = QCT + bh_q * BLOCK_D * SQ_PAD
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
-        for m0 in range(lo, hi, BLOCK_Q):
-            offs_m = m0 + offs_m0
-            row_ok = offs_m < q_len
-            rows = q_start + offs_m
-            q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D)
-            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D)
-            sq = tl.load(QRS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
-            sdo = tl.load(DORS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
-            lse2 = tl.load(LSE2 + bh_q * SQ_TOTAL + rows, mask=row_ok, other=float("-inf"))
-            delta = tl.load(DELTA + bh_q * SQ_TOTAL + rows, mask=row_ok, other=0.0)
-            # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ
-            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
-            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
-            pos_q = offs_m + shift
-            vis = col_ok[:, None] & row_ok[None, :]
-            if CAUSAL:
-                vis = vis & (offs_n[:, None] <= pos_q[None, :])
-            if HAS_WINDOW:
-                vis = vis & ((pos_q[None, :] - offs_n[:, None]) < window)
-                if not CAUSAL:
-                    vis = vis & ((offs_n[:, None] - pos_q[None, :]) < window)
-            pt = tl.where(vis, tl.math.exp2(st - lse2[None, :]), 0.0)
-            dst = pt * (dpt - delta[None, :])
-            slot = _slot(seq, m0 // BLOCK_Q, TOFF_Q, VARLEN)
-            # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
-            p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
-            doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD)
-            sdoc = tl.load(DOCS + (bh_q * NT_Q + slot) * BLOCK_D + offs_d)
-            dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
-            # B5: dS per column of the query tile, Q per channel within the tile.
-            ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
-            qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD)
-            sqc = tl.load(QCS + (bh_q * NT_Q + slot) * BLOCK_D + offs_d)
-            dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+        qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
+        docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
+                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                             q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
+                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                             q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
+                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                             q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
     dk = dk * tau
     st_mask = col_ok[:, None] & d_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
