@@ -49,17 +49,32 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
 # ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
 # (backward_prequant.py) instead of re-quantizing them in registers inside every program's loop.
-# ``free_tile``: the tile side that is not a quantization block in the pre-quantized kernels (the dQ
-# kernel's query rows, the dK/dV kernel's key rows; every scale there is per token or per block of
-# the other side), so it can be smaller than the recipe's blocks to save registers. None: the block.
-# Defaults: the fastest of benchmarks' sweep on an H200 (S=8192, causal, d=128; within 5% of each
-# other, see benchmarks/NOTES.md).
+# ``dq`` / ``dkdv`` / ``free_tile``: the pre-quantized kernels (the default FP8 path). ``free_tile``
+# is the tile side that is not a quantization block (the dQ kernel's query rows, the dK/dV kernel's
+# key rows; every scale there is per token or per block of the other side), so it can be smaller
+# than the recipe's blocks to save registers. None: the block. Defaults: the fastest of
+# backward_bench's sweep on an H200 after the interior/boundary tile split (S=8192, causal, d=128:
+# 4.98 ms, vs 5.93 ms for the previous (64, 128)-tile, 1-stage launch; benchmarks/NOTES.md).
+# ``inreg``: the in-register kernels (hybrid bf16 backward, or FP8 with prequant off); their bf16
+# tiles leave no shared memory for multi-stage pipelining.
 LAUNCH = {
     "prequant": True,
-    "dq": {"num_warps": 4, "num_stages": 1},
-    "dkdv": {"num_warps": 8, "num_stages": 1},
-    "free_tile": {"dq": 64, "dkdv": 128},
+    "dq": {"num_warps": 4, "num_stages": 3},
+    "dkdv": {"num_warps": 4, "num_stages": 3},
+    "free_tile": {"dq": 64, "dkdv": 64},
+    "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
+# Pipelined stages of the pre-quantized kernels hold four FP8 operand tiles of block x 128 bytes
+# each: 64 KB per stage at 128-token blocks, so 256-token blocks (128 KB) get a single stage.
+_MAX_PIPELINED_BLOCK = 128
+
+
+def _prequant_launch(kernel: str, block_q: int, block_k: int) -> dict:
+    """``LAUNCH[kernel]`` with ``num_stages`` cut to 1 when the recipe's blocks exceed 128 tokens."""
+    launch = dict(LAUNCH[kernel])
+    if max(block_q, block_k) > _MAX_PIPELINED_BLOCK:
+        launch["num_stages"] = 1
+    return launch
 
 
 def _tl_fp8(fmt: FP8Format):
@@ -476,13 +491,13 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
         *dims, window, qk_scale, float(scale),
-        MATCHED=matched, DEBUG=debug, **common, **LAUNCH["dq"],
+        MATCHED=matched, DEBUG=debug, **common, **LAUNCH["inreg"]["dq"],
     )
     _bwd_dkdv_kernel[(triton.cdiv(max_k, bk), n_seq * hkv)](
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *dims, window, qk_scale, float(scale),
-        **common, **LAUNCH["dkdv"],
+        **common, **LAUNCH["inreg"]["dkdv"],
     )
     return dq, dk, dv, dbg_ds, dbg_pabs
 
@@ -515,13 +530,13 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
         dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
         *dout.stride(), *o.stride(), *lse.stride(),
         hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, **LAUNCH["dq"],
+        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, **_prequant_launch("dq", bq, bk),
     )
     _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bn), n_seq * hkv)](
         qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
         lse2, delta, dk, dv, cu_q, cu_k, toff_q,
         hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        **common, BLOCK_Q=bq, BLOCK_K=bn, **LAUNCH["dkdv"],
+        **common, BLOCK_Q=bq, BLOCK_K=bn, **_prequant_launch("dkdv", bq, bk),
     )
 
 

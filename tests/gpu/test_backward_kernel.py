@@ -107,8 +107,9 @@ def test_kernel_matches_emulation_fp32(name, delta):
         FP8AttentionConfig.from_recipe("fp8_delta_pow2"),
         FP8AttentionConfig.from_recipe("fp8_delta_e5m2_grads"),
         FP8AttentionConfig(block_q=64, block_k=64),
+        FP8AttentionConfig(block_q=256, block_k=256),  # single-stage launch (shared memory)
     ],
-    ids=["hybrid_delta", "hybrid_stale", "pow2", "e5m2_grads", "tiles64"],
+    ids=["hybrid_delta", "hybrid_stale", "pow2", "e5m2_grads", "tiles64", "tiles256"],
 )
 def test_recipes_match_emulation(config):
     got, ref = _kernel_and_emulation((1, 4, 2, 513, 513, 128), _mask(causal=True), config)
