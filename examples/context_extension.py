@@ -19,7 +19,7 @@ reported before and after. ``--probe-max-len`` (CUDA): for fp8_delta and sdpa, o
 (batch 1, gradient checkpointing, bf16 autocast) at doubling lengths until out of memory; reports the
 longest length that trains and its peak memory.
 
-Defaults: GPU ~35M params, base 1024 -> 4096, 200 + 150 steps; CPU/``--tiny``: base 32 -> 128.
+Defaults: GPU ~29M params, base 1024 -> 4096, 200 + 150 steps; CPU/``--tiny``: base 32 -> 128.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ padding). Checkpoints: ``accelerator.save_state`` every ``--save-every`` steps u
 takes such a directory or ``latest`` and continues the same data order, so a resumed run logs the
 losses the uninterrupted run would have. The final model (+ tokenizer) goes to ``<output-dir>/final``.
 
-``--model PATH`` / ``--data`` as in finetune.py. Defaults: GPU ~35M params, seq 1024, 8 sequences
+``--model PATH`` / ``--data`` as in finetune.py. Defaults: GPU ~29M params, seq 1024, 8 sequences
 per device, 300 steps, bf16; CPU/``--tiny`` 2 layers, seq 64, 30 steps.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ model is loaded, after ``import hf_fp8_attention`` registered ``fp8_delta`` / ``
   ``position_ids`` restarting per document (varlen attention). Default: padded batches.
 * ``--lora``: PEFT LoRA on the attention projections; ``--gradient-checkpointing``; ``--bf16``.
 
-Defaults: on a CUDA GPU a ~35M-param model, seq 1024, batch 8, 300 steps, bf16; without one (or
+Defaults: on a CUDA GPU a ~29M-param model, seq 1024, batch 8, 300 steps, bf16; without one (or
 with ``--tiny``) a 2-layer model, seq 64, 30 steps. Writes ``loss_curve.png`` and ``summary.json``
 under ``--output-dir`` (default ``outputs/finetune/<attn>``) and saves the model (or adapter).
 """

@@ -46,7 +46,7 @@ class DemoSettings:
     @classmethod
     def for_device(cls, device: torch.device, tiny: bool = False) -> "DemoSettings":
         if device.type == "cuda" and not tiny:
-            # ~35M params, 300 steps x 16 x 1024 tokens on the whole stdlib corpus.
+            # ~29M params, 300 steps x 16 x 1024 tokens on the whole stdlib corpus.
             return cls(steps=300, seq_len=1024, batch_size=16, size="small", vocab_size=8192,
                        corpus_bytes=None, lr=1e-3)
         return cls(steps=40, seq_len=64, batch_size=8, size="tiny", vocab_size=2048,

@@ -16,7 +16,7 @@ FP8_ATTNS = ("fp8_delta", "fp8_stale")
 # Families whose attention is dispatched through AttentionInterface and that the tests build.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
-# Sizes: "tiny" finishes on CPU in seconds; "small" is the GPU default (~35M params with an 8k vocab).
+# Sizes: "tiny" finishes on CPU in seconds; "small" is the GPU default (~29M params with an 8k vocab).
 _SIZES = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64),
