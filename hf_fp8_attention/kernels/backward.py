@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
-from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, prequantize, tile_offsets
+from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _seq, prequantize, tile_offsets
 from .backward_quant import quant_cols, quant_rows
 
 LOG2E = 1.4426950408889634
@@ -184,18 +184,7 @@ def _bwd_dq_kernel(
     seq = pid_bh // H
     h = pid_bh % H
     hk = h // G
-    if VARLEN:
-        batch = seq * 0
-        q_start = tl.load(CU_Q + seq)
-        q_len = tl.load(CU_Q + seq + 1) - q_start
-        k_start = tl.load(CU_K + seq)
-        k_len = tl.load(CU_K + seq + 1) - k_start
-    else:
-        batch = seq
-        q_start = 0
-        q_len = SQ
-        k_start = 0
-        k_len = SK
+    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
     m0 = pid_m * BLOCK_Q
     if m0 >= q_len:
         return
@@ -324,18 +313,7 @@ def _bwd_dkdv_kernel(
     HKV = H // G
     seq = pid_bh // HKV
     hk = pid_bh % HKV
-    if VARLEN:
-        batch = seq * 0
-        q_start = tl.load(CU_Q + seq)
-        q_len = tl.load(CU_Q + seq + 1) - q_start
-        k_start = tl.load(CU_K + seq)
-        k_len = tl.load(CU_K + seq + 1) - k_start
-    else:
-        batch = seq
-        q_start = 0
-        q_len = SQ
-        k_start = 0
-        k_len = SK
+    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
     n0 = pid_n * BLOCK_K
     if n0 >= k_len:
         return

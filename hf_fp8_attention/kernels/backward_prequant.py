@@ -171,6 +171,8 @@ def _query_tiles(n0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.co
 
 @triton.jit
 def _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN: tl.constexpr):
+    """(batch, q_start, q_len, k_start, k_len) of sequence ``seq``: from cu_seqlens when VARLEN
+    (packed, batch 0), else batch ``seq`` with the dense lengths SQ, SK starting at 0."""
     if VARLEN:
         q_start = tl.load(CU_Q + seq)
         q_len = tl.load(CU_Q + seq + 1) - q_start
