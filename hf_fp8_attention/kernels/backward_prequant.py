@@ -38,6 +38,7 @@ import triton.language as tl
 from ..config import FP8Format
 
 from .backward_quant import _max_nan, _round_to_fp8_grid, block_scales, quant_cols, quant_rows
+from .tiles import split_tiles
 
 
 @triton.jit
@@ -106,23 +107,10 @@ def _visible(ok, pos_q, key, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.conste
 
 
 @triton.jit
-def _split_tiles(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
-    """Tiles of BLOCK positions (tile t = [t·BLOCK, (t+1)·BLOCK)) covering the positions [lo, hi),
-    split around those lying wholly inside [full_lo, full_hi): returns t_lo <= f_lo <= f_hi <= t_hi;
-    [f_lo, f_hi) are the interior tiles, [t_lo, f_lo) and [f_hi, t_hi) the boundary tiles. Integer
-    scalars; any bound may be negative and either range empty."""
-    t_lo = tl.maximum(lo, 0) // BLOCK
-    t_hi = tl.maximum(tl.cdiv(tl.maximum(hi, 0), BLOCK), t_lo)
-    f_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(full_lo, 0), BLOCK), t_lo), t_hi)
-    f_hi = tl.minimum(tl.maximum(tl.maximum(full_hi, 0) // BLOCK, f_lo), t_hi)
-    return t_lo, f_lo, f_hi, t_hi
-
-
-@triton.jit
 def _key_tiles(m0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Key tiles of the dQ kernel's query tile (rows m0 .. m0 + BLOCK_Q − 1, query i at key position
-    i + k_len − q_len), as (t_lo, f_lo, f_hi, t_hi) of :func:`_split_tiles`: [t_lo, t_hi) holds every
+    i + k_len − q_len), as (t_lo, f_lo, f_hi, t_hi) of :func:`.tiles.split_tiles`: [t_lo, t_hi) holds every
     key any of its rows may see; the interior tiles [f_lo, f_hi) have every row and key in range and
     every pair visible, which needs all BLOCK_Q rows in range and each key tile inside the keys the
     first row sees (causal, non-causal window) and the last row sees (window)."""
@@ -142,7 +130,7 @@ def _key_tiles(m0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.cons
             hi = tl.minimum(hi, pos_hi + window)
             full_hi = tl.minimum(full_hi, pos_lo + window)
     full_hi = tl.where(m0 + BLOCK_Q <= q_len, full_hi, 0)  # a partial query tile has no interior
-    return _split_tiles(lo, hi, full_lo, full_hi, BLOCK_K)
+    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_K)
 
 
 @triton.jit
@@ -166,7 +154,7 @@ def _query_tiles(n0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.co
             lo = tl.maximum(lo, n0 - window + 1 - shift)
             full_lo = tl.maximum(full_lo, n0 + BLOCK_K - window - shift)
     full_hi = tl.where(n0 + BLOCK_K <= k_len, full_hi, 0)  # a partial key tile has no interior
-    return _split_tiles(lo, hi, full_lo, full_hi, BLOCK_Q)
+    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_Q)
 
 
 @triton.jit

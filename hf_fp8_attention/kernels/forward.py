@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
+from .tiles import split_tiles
 from .quantize import (
     cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand, scale_from_amax, to_fp8,
 )
@@ -181,10 +182,7 @@ def _fwd_kernel(
         if not CAUSAL:
             key_hi = tl.minimum(key_hi, pos_hi + window)
             full_hi = tl.minimum(full_hi, pos_lo + window)
-    t_lo = tl.maximum(key_lo, 0) // BLOCK_N
-    t_hi = tl.maximum(tl.cdiv(tl.maximum(key_hi, 0), BLOCK_N), t_lo)
-    f_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(full_lo, 0), BLOCK_N), t_lo), t_hi)
-    f_hi = tl.minimum(tl.maximum(tl.maximum(full_hi, 0) // BLOCK_N, f_lo), t_hi)
+    t_lo, f_lo, f_hi, t_hi = split_tiles(key_lo, key_hi, full_lo, full_hi, BLOCK_N)
 
     bhk = bb * HKV + hk
     k_base = k_codes_ptr + (bhk * SK + k_start) * BLOCK_D
