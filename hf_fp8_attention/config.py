@@ -78,7 +78,9 @@ class FP8AttentionConfig:
 
     Tiles: ``block_q`` (B_r) and ``block_k`` (B_c) are the query and key tile sizes. They set the
     blocks over which the channel-wise scales of V/K/Q/dO and the row/column scales of P and dS are
-    shared, so the kernels and the emulation must use the same values to agree closely.
+    shared, so the kernels and the emulation must use the same values to agree closely. The GPU
+    kernels need blocks of at least 32 tokens (FP8 tensor-core matmuls contract over 32 or more);
+    16-token blocks run only in the emulation.
 
     ``pow2_scales`` rounds every scale up to a power of two (exact dequantization, as in MXFP8).
     The forward's P is the exception: it is always quantized against its tile row maximum (its scale

@@ -79,20 +79,26 @@ CASES = {
 }
 
 
-@pytest.fixture(params=[True, False], ids=["prequant", "inregister"])
+@pytest.fixture(params=["prequant", "prequant_fused", "inregister"])
 def fp8_path(request, monkeypatch):
-    """Both FP8 schedules: operands quantized once up front, or in registers inside each program."""
-    monkeypatch.setitem(kernels.LAUNCH, "prequant", request.param)
+    """The FP8 schedules: operands quantized once up front, with the default launches (LSE'/D, dQ,
+    dK and dV each in a launch of its own) or the fused ones (LSE'/D with dQ, dK with dV); or
+    operands quantized in registers inside each program."""
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", request.param != "inregister")
+    if request.param == "prequant_fused":
+        monkeypatch.setitem(kernels.LAUNCH, "split_dkdv", False)
+        monkeypatch.setitem(kernels.LAUNCH, "split_dq_stats", False)
     return request.param
 
 
-INREGISTER_CASES = ("causal_gqa_qshort_odd", "varlen_causal", "pow2_e5m2")
+# The other schedules share the masking/tiling code of the default one: a few cases suffice.
+FEW_CASES = ("causal_gqa_qshort_odd", "varlen_causal", "pow2_e5m2", "stale_causal")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernel_matches_emulation(name, fp8_path):
-    if not fp8_path and (name not in INREGISTER_CASES or "hybrid" in name):
-        pytest.skip("in-register FP8 path: a few cases suffice (it shares the masking/tiling code)")
+    if fp8_path != "prequant" and (name not in FEW_CASES or "hybrid" in name):
+        pytest.skip(f"{fp8_path} schedule: the cases {FEW_CASES} suffice")
     shape, mask_kw, cfg_kw = CASES[name]
     config = FP8AttentionConfig(**TILES, **cfg_kw)
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config)
@@ -166,6 +172,31 @@ def test_bad_inputs_raise_clear_errors():
         kernels.triton_backward(q, k, v, None, lse, do[:, :1], scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
 
 
+
+@pytest.mark.parametrize("delta", ["matched", "stale"])
+def test_split_and_fused_launches_give_identical_gradients(delta, monkeypatch):
+    """Forming LSE'/D, dQ, dK and dV in separate launches repeats the same operations per element as
+    the fused launches: the gradients and debug row sums agree bit for bit."""
+    shape, mask = (1, 2, 1, 40, 40, 64), _mask(causal=True, window=25)
+    config = FP8AttentionConfig(**TILES, delta=delta)
+    split, _ = _run(shape, mask, config, debug=True)
+    monkeypatch.setitem(kernels.LAUNCH, "split_dkdv", False)
+    monkeypatch.setitem(kernels.LAUNCH, "split_dq_stats", False)
+    fused, _ = _run(shape, mask, config, debug=True)
+    for a, b in zip(split, fused):
+        assert torch.equal(a, b)
+
+def test_blocks_below_32_are_refused_when_compiling_for_a_gpu():
+    """The interpreter runs 16-token blocks (these tests use them); a GPU compile cannot (FP8 MMAs
+    contract over >= 32 tokens), so the kernels' entry points refuse them with the fix named."""
+    from hf_fp8_attention.kernels.tiles import check_compiled_blocks
+
+    check_compiled_blocks(16, 16, "triton_backward", interpreting=True)
+    check_compiled_blocks(32, 256, "triton_backward", interpreting=False)
+    for bq, bk, named in ((16, 128, "block_q=16"), (128, 16, "block_k=16"), (16, 16, "block_q=16, block_k=16")):
+        with pytest.raises(ValueError, match=rf"triton_backward: FP8AttentionConfig {named} is too small.*emulation"):
+            check_compiled_blocks(bq, bk, "triton_backward", interpreting=False)
+
 # The pre-quantized kernels visit interior tiles (every row and key in range, every pair visible)
 # without mask work, boundary tiles with it. LAUNCH["free_tile"] is shrunk so that these shapes have
 # both kinds of tiles in both kernels, with the two tile sides of a kernel differing. Seed 1: with
@@ -201,7 +232,7 @@ def _count_tiles(monkeypatch):
 def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
     shape, mask_kw, (bm, bn) = SPLIT_CASES[name]
     monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
-    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dkdv": bn})
+    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dq_stats": bm, "dkdv": bn, "dk": bn, "dv": bn})
     counts = _count_tiles(monkeypatch)
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
     for loop in TILE_LOOPS:
@@ -214,7 +245,7 @@ def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
 def test_prequant_interior_tiles_keep_the_debug_row_sums(monkeypatch):
     shape, mask_kw, (bm, bn) = SPLIT_CASES["causal_window"]
     monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
-    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dkdv": bn})
+    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dq_stats": bm, "dkdv": bn, "dk": bn, "dv": bn})
     config, mask = FP8AttentionConfig(**TILES), _mask(**mask_kw)
     (dq, dk, dv, ds_sum, pabs), _ = _run(shape, mask, config, seed=1, debug=True)
     grads, _ = _run(shape, mask, config, seed=1)

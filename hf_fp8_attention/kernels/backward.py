@@ -28,6 +28,10 @@ same schedule with bf16 operands.
 
 Tile sizes are the quantization blocks (``config.block_q`` / ``config.block_k``) and tiles start at
 each sequence's start, as in :mod:`hf_fp8_attention.reference`, which defines the numerics.
+
+The default FP8 path (:mod:`.backward_prequant`) runs this schedule on operands quantized once up
+front, and by default gives each kernel's two jobs a launch of their own (LSE'/D, then dQ; dK, then
+dV: see ``LAUNCH``), with the same operations per element.
 """
 from __future__ import annotations
 
@@ -39,8 +43,10 @@ import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
-from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _seq, prequantize, tile_offsets
+from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _seq
 from .backward_quant import quant_cols, quant_rows
+from .quantize import interpreting, quantize_operand
+from .tiles import check_compiled_blocks
 
 LOG2E = 1.4426950408889634
 
@@ -49,19 +55,28 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
 # ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
 # (backward_prequant.py) instead of re-quantizing them in registers inside every program's loop.
-# ``dq`` / ``dkdv`` / ``free_tile``: the pre-quantized kernels (the default FP8 path). ``free_tile``
-# is the tile side that is not a quantization block (the dQ kernel's query rows, the dK/dV kernel's
-# key rows; every scale there is per token or per block of the other side), so it can be smaller
-# than the recipe's blocks to save registers. None: the block. Defaults: the fastest of
-# backward_bench's sweep on an H200 after the interior/boundary tile split (S=8192, causal, d=128:
-# 4.98 ms, vs 5.93 ms for the previous (64, 128)-tile, 1-stage launch; benchmarks/NOTES.md).
+# The pre-quantized path runs as four launches by default:
+#   ``dq_stats`` (matched delta only: LSE' and D), ``dq``, ``dk``, ``dv``.
+# ``split_dq_stats`` False folds LSE'/D into the dQ launch (its first loop); ``split_dkdv`` False
+# forms dK and dV in one launch (``dkdv``). Split, Sᵀ is computed once more, but each program holds
+# one fp32 accumulator and fewer shared-memory buffers: on an H200 (backward_bench --schedules,
+# S=8192, causal, d=128) the matched backward takes 3.56 ms split vs 4.88 ms fused, with
+# bit-identical gradients (benchmarks/results/h200_v8_backward_bench.log, benchmarks/NOTES.md).
+# ``free_tile``: per launch, the tile side that is not a quantization block (the dQ kernel's query
+# rows, the dK/dV kernel's key rows; every scale there is per token or per block of the other
+# side), so it can be smaller than the recipe's blocks to save registers. None: the block.
 # ``inreg``: the in-register kernels (hybrid bf16 backward, or FP8 with prequant off); their bf16
 # tiles leave no shared memory for multi-stage pipelining.
 LAUNCH = {
     "prequant": True,
+    "split_dq_stats": True,
+    "split_dkdv": True,
+    "dq_stats": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
+    "dk": {"num_warps": 4, "num_stages": 3},
+    "dv": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 3},
-    "free_tile": {"dq": 64, "dkdv": 64},
+    "free_tile": {"dq": 64, "dq_stats": 64, "dkdv": 64, "dk": 64, "dv": 64},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Pipelined stages of the pre-quantized kernels hold four FP8 operand tiles of block x 128 bytes
@@ -411,9 +426,10 @@ def _check(q, k, v, out, lse, dout, mask: MaskSpec, config: FP8AttentionConfig) 
     devs = {t.device for t in (q, k, v, lse, dout)}
     if len(devs) != 1:
         raise ValueError(f"triton_backward: tensors on several devices: {devs}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"triton_backward: the Triton kernels need CUDA tensors, got {q.device} "
                          "(the PyTorch emulation in reference.py runs anywhere)")
+    check_compiled_blocks(config.block_q, config.block_k, "triton_backward", interpreting())
 
 
 
@@ -461,7 +477,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         POW2=bool(config.pow2_scales), QKV_DTYPE=_tl_fp8(FP8Format.E4M3),
         DO_DTYPE=_tl_fp8(config.do_format), DS_DTYPE=_tl_fp8(config.ds_format),
         DO_MAX=config.do_format.max, DS_MAX=config.ds_format.max,
-        INTERPRET=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        INTERPRET=interpreting(),
     )
     qk_scale = float(scale) * LOG2E
     dims = (hq, g, sq_total, sq_total, sk_total)  # SQ/SK: dense lengths (varlen reads cu_seqlens)
@@ -487,35 +503,48 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
     varlen = mask.is_varlen
-    toff_q = tile_offsets(cu_q, bq) if varlen else cu_q
-    toff_k = tile_offsets(cu_k, bk) if varlen else cu_k
-    pq = dict(pow2=pow2, cu_seqlens=cu_q if varlen else None, max_seqlen=max_q, tile_off=toff_q)
-    pk = dict(pow2=pow2, cu_seqlens=cu_k if varlen else None, max_seqlen=max_k, tile_off=toff_k)
-    qr, qrs, qct, qcs = prequantize(q, col=True, block=bq, fmt=config.q_format, **pq)
-    kr, krs, kct, kcs = prequantize(k, col=True, block=bk, fmt=config.k_format, **pk)
-    vr, vrs, _, _ = prequantize(v, col=False, block=bk, fmt=config.v_format, **pk)
-    dor, dors, doct, docs = prequantize(dout, col=True, block=bq, fmt=config.do_format, **pq)
-    interp = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    cq, ck = (cu_q, cu_k) if varlen else (None, None)
+    # Row-wise copies for B1/B2 and transposed channel-wise copies per recipe block for B3-B5, made
+    # by the forward's quantization kernel (so B1's codes are the forward's F1 codes, bit for bit).
+    qr, qrs, qct, qcs, toff_q = quantize_operand(q, row=True, col=True, block=bq, row_format=config.q_format,
+                                                 col_format=config.q_format, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+    kr, krs, kct, kcs, toff_k = quantize_operand(k, row=True, col=True, block=bk, row_format=config.k_format,
+                                                 col_format=config.k_format, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
+    vr, vrs, _, _, _ = quantize_operand(v, row=True, col=False, block=bk, row_format=config.v_format, pow2=pow2,
+                                        cu_seqlens=ck, max_seqlen=max_k)
+    dor, dors, doct, docs, _ = quantize_operand(dout, row=True, col=True, block=bq, row_format=config.do_format,
+                                                col_format=config.do_format, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+    if not varlen:  # the kernels read tile offsets only for packed sequences
+        toff_q, toff_k = cu_q, cu_k
+    interp = interpreting()
     common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), CAUSAL=bool(mask.causal),
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
                   DS_DTYPE=_tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
     window = mask.window if mask.window is not None else 0
     qk_scale = float(scale) * LOG2E
-    bm = LAUNCH["free_tile"]["dq"] or bq
-    bn = LAUNCH["free_tile"]["dkdv"] or bk
-    _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bm), n_seq * hq)](
-        qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
-        dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
-        *dout.stride(), *o.stride(), *lse.stride(),
-        hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        MATCHED=config.delta is DeltaMode.MATCHED, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, **_prequant_launch("dq", bq, bk),
-    )
-    _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bn), n_seq * hkv)](
-        qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
-        lse2, delta, dk, dv, cu_q, cu_k, toff_q,
-        hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale, float(scale),
-        **common, BLOCK_Q=bq, BLOCK_K=bn, **_prequant_launch("dkdv", bq, bk),
-    )
+    matched = config.delta is DeltaMode.MATCHED
+    split_stats = matched and LAUNCH["split_dq_stats"]
+    dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
+    for stats, grads, launch in dq_passes:
+        bm = LAUNCH["free_tile"][launch] or bq
+        _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bm), n_seq * hq)](
+            qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
+            dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
+            *dout.stride(), *o.stride(), *lse.stride(),
+            hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
+            float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
+            **_prequant_launch(launch, bq, bk),
+        )
+    passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
+    for compute_dk, compute_dv, launch in passes:
+        bn = LAUNCH["free_tile"][launch] or bk
+        _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bn), n_seq * hkv)](
+            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
+            lse2, delta, dk, dv, cu_q, cu_k, toff_q,
+            hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
+            float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            **_prequant_launch(launch, bq, bk),
+        )
 
 
 def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig):

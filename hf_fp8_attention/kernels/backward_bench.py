@@ -1,6 +1,8 @@
 """GPU timing of the Triton FP8 backward against SDPA bf16 (flash and cuDNN), one run, one table.
 
 ``python -m hf_fp8_attention.kernels.backward_bench [--out DIR] [--seqs 4096,8192,16384]``
+``[--schedules] [--sweep] [--profile]``: first compare the launch schedules (fused / split, see
+``LAUNCH`` in backward.py), sweep launch parameters, or profile the kernels at S=8192.
 
 Per shape (bf16 inputs, causal, head_dim 128): median times (triton.testing.do_bench) of
 - fp8 fwd (public API, Triton forward), fp8 bwd-only (this module's kernels on a saved forward)
@@ -161,6 +163,14 @@ SWEEP = [  # (free tile dq, free tile dkdv, warps dq, warps dkdv, stages)
 ]
 
 
+def _set_launch(bm, bn, wq, wk, st):
+    """One sweep point: query-side launches (dQ, LSE'/D) get (bm, wq), key-side ones (dK, dV, fused
+    dK/dV) get (bn, wk); all get ``st`` stages. The split/fused choice stays as LAUNCH has it."""
+    for key, tile, warps in (("dq", bm, wq), ("dq_stats", bm, wq), ("dkdv", bn, wk), ("dk", bn, wk), ("dv", bn, wk)):
+        LAUNCH["free_tile"][key] = tile
+        LAUNCH[key] = {"num_warps": warps, "num_stages": st}
+
+
 def sweep(s, b, h, d):
     """bwd-only matched time per launch variant (causal, bf16) at one shape; leaves the fastest in LAUNCH."""
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -169,9 +179,7 @@ def sweep(s, b, h, d):
     _, lse = _forward_for_bwd(q, k, v, d**-0.5, mask, cfg)
     best = None
     for bm, bn, wq, wk, st in SWEEP:
-        LAUNCH["free_tile"] = {"dq": bm, "dkdv": bn}
-        LAUNCH["dq"] = {"num_warps": wq, "num_stages": st}
-        LAUNCH["dkdv"] = {"num_warps": wk, "num_stages": st}
+        _set_launch(bm, bn, wq, wk, st)
         try:
             ms = _bench(lambda: triton_backward(q, k, v, None, lse, do, scale=d**-0.5, mask=mask, config=cfg), rep=100)
         except Exception as err:  # noqa: BLE001 (a variant that does not compile is reported)
@@ -181,11 +189,42 @@ def sweep(s, b, h, d):
               f"{2.5 * _flops_fwd(b, h, s, d) / ms / 1e9:.0f} TFLOP/s", flush=True)
         if best is None or ms < best[0]:
             best = (ms, bm, bn, wq, wk, st)
-    _, bm, bn, wq, wk, st = best
-    LAUNCH["free_tile"] = {"dq": bm, "dkdv": bn}
-    LAUNCH["dq"] = {"num_warps": wq, "num_stages": st}
-    LAUNCH["dkdv"] = {"num_warps": wk, "num_stages": st}
+    _set_launch(*best[1:])
     print(f"best launch: {LAUNCH}", flush=True)
+
+
+SCHEDULES = {  # LAUNCH switches of each schedule compared by --schedules
+    "fused (LSE'/D+dQ, dK+dV)": {"split_dq_stats": False, "split_dkdv": False},
+    "split dK/dV only": {"split_dq_stats": False, "split_dkdv": True},
+    "split (default)": {"split_dq_stats": True, "split_dkdv": True},
+}
+
+
+def schedules(seqs, b, h, d):
+    """bwd-only time (matched and stale, causal, bf16) of each launch schedule of SCHEDULES, and
+    whether its gradients equal the first schedule's bit for bit."""
+    saved = {key: LAUNCH[key] for key in ("split_dq_stats", "split_dkdv")}
+    mask = MaskSpec(causal=True)
+    for s in seqs:
+        gen = torch.Generator(device="cuda").manual_seed(s)
+        q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+        fwd = {n: _forward_for_bwd(q, k, v, d**-0.5, mask, FP8AttentionConfig.from_recipe(n)) for n in ("fp8_delta", "fp8_stale")}
+        first = {}
+        for label, switches in SCHEDULES.items():
+            LAUNCH.update(switches)
+            ms, same = {}, True
+            for name, (out, lse) in fwd.items():
+                cfg = FP8AttentionConfig.from_recipe(name)
+                o_arg = out if name == "fp8_stale" else None
+                fn = lambda: triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)  # noqa: E731
+                grads = fn()
+                ref = first.setdefault(name, grads)
+                same = same and all(torch.equal(a, r) for a, r in zip(grads, ref))
+                ms[name] = _bench(fn, rep=150)
+            print(f"schedules S={s} B={b} H={h} D={d} {label}: matched {ms['fp8_delta']:.3f} ms "
+                  f"({2.5 * _flops_fwd(b, h, s, d) / ms['fp8_delta'] / 1e9:.0f} TFLOP/s), stale {ms['fp8_stale']:.3f} ms, "
+                  f"matched/stale {ms['fp8_delta'] / ms['fp8_stale']:.3f}, gradients equal to the first: {same}", flush=True)
+        LAUNCH.update(saved)
 
 
 def profile(s, b, h, d):
@@ -217,7 +256,10 @@ if __name__ == "__main__":
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--sweep", action="store_true", help="first try launch variants at S=8192, keep the fastest")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA time of the backward at S=8192")
+    ap.add_argument("--schedules", action="store_true", help="first compare the launch schedules at --seqs")
     a = ap.parse_args()
+    if a.schedules:
+        schedules([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim)
     if a.sweep:
         sweep(8192, a.batch, a.heads, a.head_dim)
     if a.profile:

@@ -29,15 +29,11 @@ differently in the last bit (see :func:`_dq_stats_tiles`).
 """
 from __future__ import annotations
 
-import os
-
-import torch
 import triton
 import triton.language as tl
 
-from ..config import FP8Format
-
-from .backward_quant import _max_nan, _round_to_fp8_grid, block_scales, quant_cols, quant_rows
+from .backward_quant import _round_to_fp8_grid
+from .quantize import abs_max, scale_from_amax
 from .tiles import split_tiles
 
 
@@ -45,8 +41,7 @@ from .tiles import split_tiles
 def _quant_tile(x, AXIS: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr,
                 INTERPRET: tl.constexpr):
     """x (R, C) fp32 -> codes, scales: one scale per row (AXIS=1) or per column (AXIS=0)."""
-    amax = tl.reduce(tl.abs(x), AXIS, _max_nan)
-    scale = block_scales(amax, FMT_MAX, POW2)
+    scale = scale_from_amax(abs_max(x, AXIS), FMT_MAX, POW2)
     inv = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     if AXIS == 1:
         xs = x * inv[:, None]
@@ -286,9 +281,13 @@ def _bwd_dq_prequant_kernel(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr,
 ):
-    """LSE' (log2 units), D and dQ = τ Σ_j dS_ij K_j for one query tile of one query head."""
+    """LSE' (log2 units), D and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
+
+    STATS: form LSE' and D and store them; GRADS: form and store dQ. Matched, they may run as two
+    launches (STATS only, then GRADS only, reading LSE' and D back): the statistics pass then holds
+    no dQ operands in shared memory, so more programs fit on an SM (LAUNCH["split_dq_stats"])."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -323,7 +322,10 @@ def _bwd_dq_prequant_kernel(
     t_lo, f_lo, f_hi, t_hi = _key_tiles(m0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
 
     stat_off = bh_q * SQ_TOTAL + rows
-    if MATCHED:
+    if MATCHED and not STATS:
+        lse2 = tl.load(LSE2 + stat_off, mask=row_ok, other=float("-inf"))
+        delta = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
+    elif MATCHED:
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
@@ -347,8 +349,11 @@ def _bwd_dq_prequant_kernel(
         o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
         delta = tl.sum(tl.load(do_ptr, mask=dmask, other=0.0).to(tl.float32)
                        * tl.load(o_ptr, mask=dmask, other=0.0).to(tl.float32), 1)
-    tl.store(LSE2 + stat_off, lse2, mask=row_ok)
-    tl.store(DELTA + stat_off, delta, mask=row_ok)
+    if STATS:
+        tl.store(LSE2 + stat_off, lse2, mask=row_ok)
+        tl.store(DELTA + stat_off, delta, mask=row_ok)
+    if not GRADS:
+        return
 
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
@@ -380,10 +385,12 @@ def _dkdv_tiles(
     q_start, q_len, shift, window, SQ_PAD, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
-    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
     and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
+    COMPUTE_DK / COMPUTE_DV: which of the two to form (dV alone needs neither dPᵀ nor dO's
+    row-wise codes; dK alone does not quantize Pᵀ).
     The ``*_base`` pointers are the query head's; ``qcs_base`` / ``docs_base`` point at the
     sequence's first query tile of the channel-wise scales."""
     offs_m0 = tl.arange(0, BLOCK_Q)
@@ -393,30 +400,34 @@ def _dkdv_tiles(
         row_ok = offs_m < q_len  # read only if MASKED
         rows = q_start + offs_m
         q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-        do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
         sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
-        sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
         lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
-        delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
-        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ
+        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (both MMAs issued back to back)
         st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
-        dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
+        if COMPUTE_DK:
+            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
+            sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
+            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
         pt = tl.math.exp2(st - lse2[None, :])
         if MASKED:
             vis = _visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
             pt = tl.where(vis, pt, 0.0)
-        dst = pt * (dpt - delta[None, :])
-        # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
-        p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
-        doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
-        sdoc = tl.load(docs_base + t * BLOCK_D + offs_d)
-        dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
-        # B5: dS per column of the query tile, Q per channel within the tile.
-        ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
-        qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
-        sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
-        dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+        if COMPUTE_DK:
+            delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
+            dst = pt * (dpt - delta[None, :])
+        if COMPUTE_DV:
+            # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
+            p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
+            doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+            sdoc = tl.load(docs_base + t * BLOCK_D + offs_d)
+            dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
+        if COMPUTE_DK:
+            # B5: dS per column of the query tile, Q per channel within the tile.
+            ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+            qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+            sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
+            dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
     return dk, dv
 
 
@@ -429,8 +440,11 @@ def _bwd_dkdv_prequant_kernel(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
 ):
-    """dK = τ Σ_g Σ_i dS_ij Q_i, dV = Σ_g Σ_i P_ij dO_i for one key tile of one kv head (transposed tiles)."""
+    """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
+    tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
+    holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -474,98 +488,18 @@ def _bwd_dkdv_prequant_kernel(
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
                              lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
                              lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
                              lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
-    dk = dk * tau
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
     st_mask = col_ok[:, None] & d_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
-    tl.store(DK + off, dk.to(DK.dtype.element_ty), mask=st_mask)
-    tl.store(DV + off, dv.to(DV.dtype.element_ty), mask=st_mask)
-
-
-@triton.jit
-def _prequant_kernel(
-    X, sxb, sxh, sxs, sxd,
-    ROW, ROWS, COLT, COLS,  # (B, H, S, BLOCK_D) codes, (B, H, S) scales, (B, H, BLOCK_D, S_PAD) codes, (B, H, NT, BLOCK_D)
-    CU, TOFF,
-    H, S, S_PAD, NT,
-    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, VARLEN: tl.constexpr, COL: tl.constexpr,
-    POW2: tl.constexpr, FMT_MAX: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    """Row-wise codes (one scale per token) and, with COL, transposed channel-wise codes (one scale
-    per channel within each tile of BLOCK_S tokens, tiles starting at each sequence start) of one
-    tile of x (B, H, S, D). Rules of quant.quantize (NaN kept, IEEE division, tiny-scale floor)."""
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    seq = bh // H
-    h = bh % H
-    if VARLEN:
-        start = tl.load(CU + seq)
-        length = tl.load(CU + seq + 1) - start
-        slot = tl.load(TOFF + seq) + tile
-        b = seq * 0
-    else:
-        start = seq * 0
-        length = S + seq * 0
-        slot = tile + seq * 0
-        b = seq
-    if tile * BLOCK_S >= length:
-        return
-    offs = tile * BLOCK_S + tl.arange(0, BLOCK_S)
-    ok = offs < length
-    tok = start + offs
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_D
-    x = tl.load(X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd,
-                mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    bhi = (b * H + h).to(tl.int64)
-    codes, scale = quant_rows(x, FMT_MAX, POW2, DTYPE, INTERPRET)
-    tl.store(ROWS + bhi * S + tok, scale, mask=ok)
-    tl.store(ROW + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :], codes, mask=ok[:, None])
-    if COL:
-        ccodes, cscale = quant_cols(x, FMT_MAX, POW2, DTYPE, INTERPRET)
-        tl.store(COLS + (bhi * NT + slot) * BLOCK_D + offs_d, cscale)
-        tl.store(COLT + (bhi * BLOCK_D + offs_d[:, None]) * S_PAD + tok[None, :], tl.trans(ccodes), mask=ok[None, :])
-
-
-def prequantize(x: torch.Tensor, *, col: bool, block: int, fmt: FP8Format, pow2: bool,
-                cu_seqlens: torch.Tensor | None, max_seqlen: int, tile_off: torch.Tensor | None):
-    """FP8 copies of ``x (B, H, S, D)`` (any strides; varlen: B == 1 and int32 ``cu_seqlens``).
-
-    Returns ``(row (B, H, S, DP) fp8, row_scales (B, H, S) fp32, col_t (B, H, DP, S_pad) fp8 | None,
-    col_scales (B, H, NT, DP) fp32 | None)`` with DP = next_pow2(D), S_pad = S rounded up to 16;
-    tile ``t`` of sequence ``i`` has scale slot ``tile_off[i] + t`` (varlen) or ``t`` (dense).
-    """
-    b, h, s, d = x.shape
-    dp = triton.next_power_of_2(d)
-    s_pad = triton.cdiv(max(s, 1), 16) * 16
-    n_tiles = (s // block + (cu_seqlens.numel() - 1)) if cu_seqlens is not None else triton.cdiv(max(s, 1), block)
-    row = torch.empty(b, h, s, dp, dtype=fmt.dtype, device=x.device)
-    rows = torch.empty(b, h, s, dtype=torch.float32, device=x.device)
-    colt = torch.zeros(b, h, dp, s_pad, dtype=fmt.dtype, device=x.device) if col else row
-    cols = torch.ones(b, h, n_tiles, dp, dtype=torch.float32, device=x.device) if col else rows
-    varlen = cu_seqlens is not None
-    n_seq = cu_seqlens.numel() - 1 if varlen else b
-    grid = (triton.cdiv(max(max_seqlen, 1), block), n_seq * h)
-    _prequant_kernel[grid](
-        x, *x.stride(), row, rows, colt, cols,
-        cu_seqlens if varlen else rows, tile_off if varlen else rows,
-        h, s, s_pad, n_tiles,
-        HEAD_D=d, BLOCK_D=dp, BLOCK_S=block, VARLEN=varlen, COL=col, POW2=pow2, FMT_MAX=fmt.max,
-        DTYPE=tl.float8e4nv if fmt is FP8Format.E4M3 else tl.float8e5,
-        INTERPRET=os.environ.get("TRITON_INTERPRET", "0") == "1", num_warps=4,
-    )
-    return row, rows, (colt if col else None), (cols if col else None)
-
-
-def tile_offsets(cu_seqlens: torch.Tensor, block: int) -> torch.Tensor:
-    """int32 (n_seq,): first scale slot of each sequence's tiles (exclusive cumsum of its tile count)."""
-    n = ((cu_seqlens[1:] - cu_seqlens[:-1]) + block - 1) // block
-    return (torch.cumsum(n, 0) - n).to(torch.int32)
+    if COMPUTE_DK:
+        tl.store(DK + off, (dk * tau).to(DK.dtype.element_ty), mask=st_mask)
+    if COMPUTE_DV:
+        tl.store(DV + off, dv.to(DV.dtype.element_ty), mask=st_mask)

@@ -4,10 +4,13 @@ They reproduce :func:`hf_fp8_attention.quant.quantize` on one tile held in regis
 
     amax  = max |x| over the block (NaN propagates: a block holding NaN gets a NaN scale, one
             holding ±Inf an Inf scale, so every element dequantizes to NaN/Inf, never to garbage)
-    scale = max(amax / FMT_MAX, FP32_TINY)   (IEEE division, as torch; tiny floor as quant.py)
+    scale = max(amax / FMT_MAX, 2^-126)   (IEEE division, as torch; tiny floor as quant.py)
             optionally rounded up to a power of two (exact: a bit trick, no log2 approximation)
             1 where amax == 0
     code  = fp8(clamp(x / scale, ±FMT_MAX))
+
+(amax and scale: :func:`.quantize.abs_max` and :func:`.quantize.scale_from_amax`, shared with the
+quantization kernel of the forward.)
 
 A "block" here is one axis of a 2-D tile: ``AXIS=1`` gives one scale per row (reduction over the
 columns), ``AXIS=0`` one scale per column. Tiles are zero-padded beyond the sequence end and the
@@ -18,22 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP32_TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny: quant.py's scale floor
-
-
-@triton.jit
-def _max_nan(a, b):
-    # tl.max drops NaN on GPU (maxnum); this combine keeps it, so NaN scales propagate.
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _pow2_ceil(scale):
-    """Smallest power of two >= scale, for positive normal fp32 (inf/NaN returned unchanged)."""
-    bits = scale.to(tl.int32, bitcast=True)
-    rounded = ((bits + 0x7FFFFF) & -8388608).to(tl.float32, bitcast=True)  # -8388608 == 0xFF800000
-    finite = scale < float("inf")  # False for inf and NaN
-    return tl.where(finite, rounded, scale)
+from .quantize import abs_max, scale_from_amax
 
 
 @triton.jit
@@ -59,20 +47,9 @@ def _round_to_fp8_grid(x, FMT_MAX: tl.constexpr):
 
 
 @triton.jit
-def block_scales(amax, FMT_MAX: tl.constexpr, POW2: tl.constexpr):
-    """fp32 scales from block maxima (any shape), with quant.compute_scales' rules."""
-    scale = tl.math.div_rn(amax, FMT_MAX)
-    scale = tl.maximum(scale, FP32_TINY, propagate_nan=tl.PropagateNan.ALL)
-    if POW2:
-        scale = _pow2_ceil(scale)
-    return tl.where(amax == 0.0, 1.0, scale)
-
-
-@triton.jit
 def quant_rows(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
     """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (R,) fp32): one scale per row."""
-    amax = tl.reduce(tl.abs(x), 1, _max_nan)
-    scale = block_scales(amax, FMT_MAX, POW2)
+    scale = scale_from_amax(abs_max(x, 1), FMT_MAX, POW2)
     xs = tl.math.div_rn(x, scale[:, None])
     xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
     if INTERPRET:
@@ -83,8 +60,7 @@ def quant_rows(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr
 @triton.jit
 def quant_cols(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
     """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (C,) fp32): one scale per column."""
-    amax = tl.reduce(tl.abs(x), 0, _max_nan)
-    scale = block_scales(amax, FMT_MAX, POW2)
+    scale = scale_from_amax(abs_max(x, 0), FMT_MAX, POW2)
     xs = tl.math.div_rn(x, scale[None, :])
     xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
     if INTERPRET:

@@ -39,9 +39,9 @@ import triton.language as tl
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .tiles import split_tiles
+from .tiles import check_compiled_blocks, split_tiles
 from .quantize import (
-    cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand, scale_from_amax, to_fp8,
+    abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand, scale_from_amax, to_fp8,
 )
 
 LOG2E = 1.4426950408889634
@@ -159,7 +159,7 @@ def _fwd_kernel(
     # Q tile -> per-token FP8 codes and scales (τ·log2 e folded into the scale).
     q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
     q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    q_scale = scale_from_amax(tl.max(tl.abs(q), axis=1), Q_FMAX, POW2)
+    q_scale = scale_from_amax(abs_max(q, 1), Q_FMAX, POW2)
     q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT)
     q_scale2 = q_scale * qk_scale
 
@@ -282,6 +282,7 @@ def triton_forward(
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
     _check_inputs(q, k, v, mask)
+    check_compiled_blocks(config.block_q, config.block_k, "triton_forward", interpreting())
     bsz, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     bn = config.block_k

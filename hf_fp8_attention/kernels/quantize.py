@@ -34,6 +34,18 @@ _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 
 
 @triton.jit
+def max_nan(a, b):
+    """Combine for ``tl.reduce``: maximum that keeps NaN (``tl.max`` drops it on GPU: maxnum)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def abs_max(x, axis: tl.constexpr):
+    """max |x| along ``axis``, NaN if the reduced slice holds one (as ``torch.amax``)."""
+    return tl.reduce(tl.abs(x), axis, max_nan)
+
+
+@triton.jit
 def scale_from_amax(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
     """fp32 block scale from its fp32 amax: amax / FMAX floored at 2^-126 (pow2: rounded up),
     1 where amax == 0 (the floor keeps tiny blocks from a zero scale, as quant.compute_scales)."""
@@ -166,13 +178,13 @@ def _quantize_kernel(
     x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     bhi = bb * H + h
     if ROW:
-        r_scale = scale_from_amax(tl.max(tl.abs(x), axis=1), ROW_FMAX, POW2)
+        r_scale = scale_from_amax(abs_max(x, 1), ROW_FMAX, POW2)
         r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN, CVT)
         tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
         r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
         tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
     if COL:
-        c_scale = scale_from_amax(tl.max(tl.abs(x), axis=0), COL_FMAX, POW2)
+        c_scale = scale_from_amax(abs_max(x, 0), COL_FMAX, POW2)
         c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN, CVT)
         tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + offs_d, c_scale)
         c_ptrs = col_codes_ptr + (bhi * BLOCK_D + offs_d[None, :]) * S_PAD + tok[:, None]

@@ -200,6 +200,17 @@ def test_public_api_dispatches_to_the_kernel():
     assert forced.is_cuda and rel_err(forced, exact) <= BUDGET["out"]
 
 
+@pytest.mark.parametrize("blocks", [dict(block_q=16), dict(block_k=16)], ids=["block_q16", "block_k16"])
+def test_blocks_below_32_raise_a_clear_error(blocks):
+    """FP8 MMAs contract over >= 32 tokens: 16-token recipe blocks run only in the emulation."""
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 2, 64, 64, 64, torch.bfloat16, seed=17))
+    with pytest.raises(ValueError, match=r"block_[qk]=16 is too small for the GPU kernels.*emulation"):
+        fp8_attention(q, k, v, causal=True, config=FP8AttentionConfig(**blocks))
+    forced = fp8_attention(q, k, v, causal=True, config=FP8AttentionConfig(**blocks, backend="emulation"))
+    forced.float().sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
 def test_torch_compile_fullgraph_forward_and_backward():
     q, k, v = (t.detach().requires_grad_() for t in _inputs(1, 4, 2, 256, 256, 64, torch.bfloat16, seed=13))
 
