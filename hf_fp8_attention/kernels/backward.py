@@ -45,7 +45,7 @@ from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
 from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _seq
 from .backward_quant import quant_cols, quant_rows
-from .quantize import interpreting, quantize_operand
+from .quantize import COMPILE_OPTIONS, interpreting, quantize_operand
 from .tiles import check_compiled_blocks
 
 LOG2E = 1.4426950408889634
@@ -485,13 +485,13 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
         *dims, window, qk_scale, float(scale),
-        MATCHED=matched, DEBUG=debug, **common, **LAUNCH["inreg"]["dq"],
+        MATCHED=matched, DEBUG=debug, **common, **LAUNCH["inreg"]["dq"], **COMPILE_OPTIONS,
     )
     _bwd_dkdv_kernel[(triton.cdiv(max_k, bk), n_seq * hkv)](
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *dims, window, qk_scale, float(scale),
-        **common, **LAUNCH["inreg"]["dkdv"],
+        **common, **LAUNCH["inreg"]["dkdv"], **COMPILE_OPTIONS,
     )
     return dq, dk, dv, dbg_ds, dbg_pabs
 
@@ -533,7 +533,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
-            **_prequant_launch(launch, bq, bk),
+            **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
@@ -543,7 +543,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
             lse2, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
-            **_prequant_launch(launch, bq, bk),
+            **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
 
 

@@ -41,7 +41,8 @@ from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .tiles import check_compiled_blocks, split_tiles
 from .quantize import (
-    abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand, scale_from_amax, to_fp8,
+    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand,
+    scale_from_amax, to_fp8,
 )
 
 LOG2E = 1.4426950408889634
@@ -335,10 +336,10 @@ def triton_forward(
     if pinned is not None:
         bm, warps, stages = pinned
         grid = (triton.cdiv(rows, bm), n_prog1)
-        _fwd_kernel[grid](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages)
+        _fwd_kernel[grid](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages, **COMPILE_OPTIONS)
     else:
         grid = lambda m: (triton.cdiv(rows, m["BLOCK_M"]), n_prog1)  # noqa: E731
-        _fwd_kernel_tuned[grid](*args, **meta)
+        _fwd_kernel_tuned[grid](*args, **meta, **COMPILE_OPTIONS)
     return out, lse
 
 
