@@ -172,7 +172,6 @@ def test_bad_inputs_raise_clear_errors():
         kernels.triton_backward(q, k, v, None, lse, do[:, :1], scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
 
 
-
 @pytest.mark.parametrize("delta", ["matched", "stale"])
 def test_split_and_fused_launches_give_identical_gradients(delta, monkeypatch):
     """Forming LSE'/D, dQ, dK and dV in separate launches repeats the same operations per element as
@@ -186,6 +185,7 @@ def test_split_and_fused_launches_give_identical_gradients(delta, monkeypatch):
     for a, b in zip(split, fused):
         assert torch.equal(a, b)
 
+
 def test_blocks_below_32_are_refused_when_compiling_for_a_gpu():
     """The interpreter runs 16-token blocks (these tests use them); a GPU compile cannot (FP8 MMAs
     contract over >= 32 tokens), so the kernels' entry points refuse them with the fix named."""
@@ -196,6 +196,7 @@ def test_blocks_below_32_are_refused_when_compiling_for_a_gpu():
     for bq, bk, named in ((16, 128, "block_q=16"), (128, 16, "block_k=16"), (16, 16, "block_q=16, block_k=16")):
         with pytest.raises(ValueError, match=rf"triton_backward: FP8AttentionConfig {named} is too small.*emulation"):
             check_compiled_blocks(bq, bk, "triton_backward", interpreting=False)
+
 
 # The pre-quantized kernels visit interior tiles (every row and key in range, every pair visible)
 # without mask work, boundary tiles with it. LAUNCH["free_tile"] is shrunk so that these shapes have

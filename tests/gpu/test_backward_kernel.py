@@ -133,6 +133,7 @@ def test_split_and_fused_launches_give_identical_gradients(config, monkeypatch):
     for label, a, b in zip(("dq", "dk", "dv"), split, fused):
         assert torch.equal(a, b), label
 
+
 def test_bf16_inputs_match_emulation():
     got, ref = _kernel_and_emulation((2, 4, 2, 1000, 1000, 128), _mask(causal=True), MATCHED, dtype=torch.bfloat16)
     for label, x, r in zip(("dq", "dk", "dv"), got, ref):
