@@ -227,8 +227,42 @@ def schedules(seqs, b, h, d):
         LAUNCH.update(saved)
 
 
-def profile(s, b, h, d):
-    """CUDA time per kernel of one matched and one stale backward (torch.profiler)."""
+# Constexpr switches that tell the launches of one kernel apart (see LAUNCH in backward.py).
+_PASS_FLAGS = ("STATS", "GRADS", "COMPUTE_DK", "COMPUTE_DV")
+
+
+def _timed_launches(kernels, events):
+    """Wrap each JIT kernel's ``run`` so that every launch appends (label, start, end) CUDA events to
+    ``events``; the label is the kernel name plus the pass flags set in that launch. Returns an undo."""
+    originals = []
+    for kernel in kernels:
+        run = kernel.run
+
+        def timed_run(*args, _run=run, _name=kernel.__name__, **kwargs):
+            flags = "+".join(f for f in _PASS_FLAGS if kwargs.get(f))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            compiled = _run(*args, **kwargs)
+            end.record()
+            events.append((f"{_name}[{flags}]" if flags else _name, start, end))
+            return compiled
+
+        kernel.run = timed_run
+        originals.append((kernel, run))
+
+    def undo():
+        for kernel, run in originals:
+            kernel.run = run
+    return undo
+
+
+def profile(s, b, h, d, runs=5):
+    """GPU time of each launch of one matched and one stale backward (CUDA events around each
+    launch, so the passes of one kernel, e.g. its dK and dV launches, are timed apart)."""
+    from . import backward_prequant, quantize
+
+    kernels = [backward_prequant._bwd_dq_prequant_kernel, backward_prequant._bwd_dkdv_prequant_kernel,
+               quantize._quantize_kernel]
     gen = torch.Generator(device="cuda").manual_seed(2)
     q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
     mask = MaskSpec(causal=True)
@@ -236,15 +270,24 @@ def profile(s, b, h, d):
         cfg = FP8AttentionConfig.from_recipe(name)
         out, lse = _forward_for_bwd(q, k, v, d**-0.5, mask, cfg)
         o_arg = out if name == "fp8_stale" else None
-        for _ in range(3):
+        for _ in range(3):  # compile and warm up
             triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
+        events = []
+        undo = _timed_launches(kernels, events)
+        try:
+            for _ in range(runs):
                 triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)
             torch.cuda.synchronize()
-        print(f"profile {name} S={s} (5 runs):")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=40), flush=True)
+        finally:
+            undo()
+        per_launch = {}
+        for label, start, end in events:
+            per_launch[label] = per_launch.get(label, 0.0) + start.elapsed_time(end) / runs
+        print(f"profile {name} S={s} B={b} H={h} D={d} (mean of {runs} backward calls, ms per call):")
+        for label, ms in per_launch.items():
+            print(f"  {label:55s} {ms:8.3f}")
+        print(f"  {'total':55s} {sum(per_launch.values()):8.3f}", flush=True)
 
 
 if __name__ == "__main__":
@@ -255,7 +298,7 @@ if __name__ == "__main__":
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     ap.add_argument("--sweep", action="store_true", help="first try launch variants at S=8192, keep the fastest")
-    ap.add_argument("--profile", action="store_true", help="per-kernel CUDA time of the backward at S=8192")
+    ap.add_argument("--profile", action="store_true", help="GPU time per kernel launch (per pass) of the backward at S=8192")
     ap.add_argument("--schedules", action="store_true", help="first compare the launch schedules at --seqs")
     a = ap.parse_args()
     if a.schedules:
