@@ -53,6 +53,12 @@ def _forward_for_bwd(q, k, v, scale, mask, cfg):
         return out, lse
 
 
+def _random_inputs(b, h, s, d, seed):
+    """q, k, v, dO: four (b, h, s, d) bf16 CUDA tensors of standard normals from one seeded generator."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+
+
 def _bench(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
@@ -93,8 +99,7 @@ def _peak_step(step):
 def run(seqs, b, h, d, out_dir):
     rows = []
     for s in seqs:
-        gen = torch.Generator(device="cuda").manual_seed(s)
-        q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+        q, k, v, do = _random_inputs(b, h, s, d, seed=s)
         scale = d**-0.5
         mask = MaskSpec(causal=True)
         fl = _flops_fwd(b, h, s, d)
@@ -173,8 +178,7 @@ def _set_launch(bm, bn, wq, wk, st):
 
 def sweep(s, b, h, d):
     """bwd-only matched time per launch variant (causal, bf16) at one shape; leaves the fastest in LAUNCH."""
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = _random_inputs(b, h, s, d, seed=1)
     mask, cfg = MaskSpec(causal=True), FP8AttentionConfig()
     _, lse = _forward_for_bwd(q, k, v, d**-0.5, mask, cfg)
     best = None
@@ -206,8 +210,7 @@ def schedules(seqs, b, h, d):
     saved = {key: LAUNCH[key] for key in ("split_dq_stats", "split_dkdv")}
     mask = MaskSpec(causal=True)
     for s in seqs:
-        gen = torch.Generator(device="cuda").manual_seed(s)
-        q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+        q, k, v, do = _random_inputs(b, h, s, d, seed=s)
         fwd = {n: _forward_for_bwd(q, k, v, d**-0.5, mask, FP8AttentionConfig.from_recipe(n)) for n in ("fp8_delta", "fp8_stale")}
         first = {}
         for label, switches in SCHEDULES.items():
@@ -263,8 +266,7 @@ def profile(s, b, h, d, runs=5):
 
     kernels = [backward_prequant._bwd_dq_prequant_kernel, backward_prequant._bwd_dkdv_prequant_kernel,
                quantize._quantize_kernel]
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = _random_inputs(b, h, s, d, seed=2)
     mask = MaskSpec(causal=True)
     for name in ("fp8_delta", "fp8_stale"):
         cfg = FP8AttentionConfig.from_recipe(name)
