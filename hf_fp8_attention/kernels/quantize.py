@@ -1,4 +1,4 @@
-"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2), one read of the input.
+"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2), one launch per operand.
 
 For a tensor ``x (B, H, S, D)`` (bf16/fp16/fp32, any strides) one launch can emit both copies the
 FP8 matmuls need:
@@ -36,6 +36,11 @@ _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
 # the default off).
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
+# Launch of the quantization kernel: the slices each program reads at a time (tokens for the
+# row-wise copy, channels for the channel-wise one: see _quantize_kernel) and its warps.
+# A module-level table so that benchmarks can try others (quantize_bench.py --sweep).
+QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 
 
 @triton.jit
@@ -150,13 +155,22 @@ def _quantize_kernel(
     col_codes_ptr, col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
     cu_ptr, tile_off_ptr,  # varlen: (n_seq + 1,) token offsets, (n_seq,) first tile slot of each sequence
     H, S, D, S_PAD, NT,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, IS_VARLEN: tl.constexpr,
     ROW_FMAX: tl.constexpr, COL_FMAX: tl.constexpr, ROW_DTYPE: tl.constexpr, COL_DTYPE: tl.constexpr,
     ROW_MANT: tl.constexpr, ROW_SUB_MAGIC: tl.constexpr, ROW_SUB_MIN: tl.constexpr,
     COL_MANT: tl.constexpr, COL_SUB_MAGIC: tl.constexpr, COL_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One program per (tile of BLOCK_S tokens of one sequence, batch·head)."""
+    """One program per (tile of BLOCK_S tokens of one sequence, batch·head).
+
+    A whole (BLOCK_S, BLOCK_D) fp32 tile in registers leaves room for one or two programs per SM
+    (255 registers and spills at 128 x 128): too few loads in flight for HBM bandwidth. So each copy
+    reads the tile in the slices its scales allow: the row-wise copy ROW_CHUNK tokens at a time
+    (a token's scale needs all its channels), the channel-wise copy COL_GROUP channels at a time
+    (a channel's scale needs all the tile's tokens; each channel's codes are then a contiguous run
+    of BLOCK_S bytes in the transposed layout). With both copies the tile is read twice, the second
+    time mostly from L2.
+    """
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -174,26 +188,35 @@ def _quantize_kernel(
     if tile * BLOCK_S >= length:
         return
     bb = bb.to(tl.int64)
-    offs_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)  # position within the sequence
-    offs_d = tl.arange(0, BLOCK_D)
-    tok = start + offs_s  # position on the (packed) token axis
-    s_ok = offs_s < length
-    d_ok = offs_d < D
-    x_ptrs = x_ptr + bb * sxb + h * sxh + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
-    x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    x_base = x_ptr + bb * sxb + h * sxh
     bhi = bb * H + h
     if ROW:
-        r_scale = scale_from_amax(abs_max(x, 1), ROW_FMAX, POW2)
-        r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN, CVT)
-        tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
-        r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
-        tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        for c in range(0, BLOCK_S, ROW_CHUNK):
+            offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
+            tok = start + offs_s  # position on the (packed) token axis
+            s_ok = offs_s < length
+            x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
+            x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            r_scale = scale_from_amax(abs_max(x, 1), ROW_FMAX, POW2)
+            r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN, CVT)
+            tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
+            r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
+            tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
     if COL:
-        c_scale = scale_from_amax(abs_max(x, 0), COL_FMAX, POW2)
-        c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN, CVT)
-        tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + offs_d, c_scale)
-        c_ptrs = col_codes_ptr + (bhi * BLOCK_D + offs_d[None, :]) * S_PAD + tok[:, None]
-        tl.store(c_ptrs, c_codes, mask=s_ok[:, None])
+        tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+        tile_tok = start + tile_s
+        tile_ok = tile_s < length
+        for g in range(0, BLOCK_D, COL_GROUP):
+            chan = g + tl.arange(0, COL_GROUP)
+            x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
+            x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
+            c_scale = scale_from_amax(abs_max(x, 0), COL_FMAX, POW2)
+            c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN, CVT)
+            tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
+            c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
+            tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
 
 
 def padded_head_dim(d: int) -> int:
@@ -228,14 +251,20 @@ def quantize_operand(
     pow2: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    row_chunk: int | None = None,
+    col_group: int | None = None,
 ):
-    """Row-wise and/or transposed channel-wise FP8 copies of ``x``, in one pass over it.
+    """Row-wise and/or transposed channel-wise FP8 copies of ``x``, in one launch (``x`` is read
+    from memory once; with both copies each tile is read a second time, mostly from L2).
 
     Args:
         x: ``(B, H, S, D)`` bf16/fp16/fp32, any strides. Varlen: ``B == 1``, packed token axis.
         row / col: which copies to emit.
         block: tokens per channel-wise tile (tiles start at every sequence start).
         cu_seqlens: int32 ``(n_seq + 1,)`` for packed batches, with ``max_seqlen`` its longest length.
+        row_chunk / col_group: tokens / channels a program reads at a time for the row-wise /
+            channel-wise copy (powers of two; defaults in ``QUANT_LAUNCH``, capped at ``block`` /
+            the padded head dim). They change the speed only, never a code or a scale.
     Returns:
         ``(row_codes (B, H, S, DP) | None, row_scales (B, H, S) fp32 | None,
         col_codes_t (B, H, DP, S_pad) | None, col_scales (B, H, NT, DP) fp32 | None, tile_off | None)``
@@ -255,8 +284,10 @@ def quantize_operand(
     if col:
         if s_pad > seq:
             col_codes[..., seq:].zero_()
-        # Slots no tile writes (varlen slack, padded channels) must still hold a finite scale.
-        col_scales = torch.ones(bsz, heads, n_slots, dp, dtype=torch.float32, device=dev)
+        # Dense: every slot is written by its tile, padded channels included (scale 1). Packed
+        # sequences leave slack slots no tile writes; they must still hold a finite scale.
+        alloc = torch.ones if varlen or seq == 0 else torch.empty
+        col_scales = alloc(bsz, heads, n_slots, dp, dtype=torch.float32, device=dev)
     if varlen:
         n_seq = cu_seqlens.numel() - 1
         max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
@@ -265,6 +296,11 @@ def quantize_operand(
     else:
         grid = (triton.cdiv(max(seq, 1), block), bsz * heads)
         cu = None
+    row_chunk = min(row_chunk or QUANT_LAUNCH["row_chunk"], block)
+    col_group = min(col_group or QUANT_LAUNCH["col_group"], dp)
+    for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"quantize_operand: {name} must be a power of two, got {value}")
     dummy = x  # never read when the matching constexpr is off
     _quantize_kernel[grid](
         x, *x.stride(),
@@ -272,10 +308,11 @@ def quantize_operand(
         col_codes if col else dummy, col_scales if col else dummy,
         cu if varlen else dummy, tile_off if varlen else dummy,
         heads, seq, d, s_pad, n_slots,
-        BLOCK_S=block, BLOCK_D=dp, ROW=row, COL=col, POW2=pow2, IS_VARLEN=varlen,
+        BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group,
+        ROW=row, COL=col, POW2=pow2, IS_VARLEN=varlen,
         ROW_FMAX=row_format.max, COL_FMAX=col_format.max,
         ROW_DTYPE=_TL_FP8[row_format], COL_DTYPE=_TL_FP8[col_format],
         **cast_meta(row_format, "ROW"), **cast_meta(col_format, "COL"), CVT=cvt_mode(),
-        num_warps=4, **COMPILE_OPTIONS,
+        num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
     )
     return row_codes, row_scales, col_codes, col_scales, tile_off
