@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark.
+# One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark,
+# the quantization benchmark and the host-overhead benchmark.
 # Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
 #   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
 # Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
@@ -23,6 +24,12 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python benchmarks/bench_attention.py --tag "$tag" "$@" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   cp "benchmarks/results/$tag.md" "benchmarks/results/$tag.json" "$OUT"/ 2>/dev/null
+  # The quantization kernel against copy bandwidth, and the host time of one training step.
+  python -m hf_fp8_attention.kernels.quantize_bench --out "$OUT" 2>&1 | tee "$OUT/quantize_bench.log"
+  bench_rc=$(( bench_rc || PIPESTATUS[0] ))
+  python benchmarks/host_overhead.py --cudagraphs --tag "${tag}_host_overhead" 2>&1 | tee "$OUT/host_overhead.log"
+  bench_rc=$(( bench_rc || PIPESTATUS[0] ))
+  cp "benchmarks/results/${tag}_host_overhead.md" "$OUT"/ 2>/dev/null
 fi
 echo "gpu_suite: pytest rc=$test_rc, bench rc=$bench_rc"
 exit $(( test_rc != 0 || bench_rc != 0 ))

@@ -227,3 +227,27 @@ def test_torch_compile_fullgraph_forward_and_backward():
     assert torch.allclose(l_c, l_e, rtol=1e-5, atol=0)
     for a, b in zip(g_c, g_e):
         assert torch.equal(a, b)
+
+
+def test_torch_compile_reduce_overhead_replays_cuda_graphs():
+    """mode="reduce-overhead" records the op's Triton launches into CUDA graphs (the remedy for
+    the host cost of short sequences, benchmarks/host_overhead.py): no skipped graph, and the
+    replayed forward and backward give the eager gradients bit for bit (same deterministic kernels;
+    d(sum(out * dO))/d out = dO exactly)."""
+    from torch._dynamo.utils import counters
+
+    q, k, v = (t.detach().requires_grad_() for t in _inputs(1, 4, 2, 256, 256, 64, torch.bfloat16, seed=14))
+    do = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(15)).bfloat16()
+
+    def loss(q, k, v, do):
+        return (fp8_attention(q, k, v, causal=True) * do).float().sum()
+
+    counters.clear()
+    compiled = torch.compile(loss, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    for _ in range(3):  # warm-up run, recording, replay
+        torch.compiler.cudagraph_mark_step_begin()
+        g_c = [g.clone() for g in torch.autograd.grad(compiled(q, k, v, do), (q, k, v))]
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    g_e = torch.autograd.grad(loss(q, k, v, do), (q, k, v))
+    for a, b in zip(g_c, g_e):
+        assert torch.equal(a, b)
