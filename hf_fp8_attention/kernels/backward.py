@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
-from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _seq
+from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _fold_matched_stats, _seq
 from .backward_quant import quant_cols, quant_rows
 from .quantize import COMPILE_OPTIONS, interpreting, quantize_operand
 from .tiles import check_compiled_blocks
@@ -247,13 +247,7 @@ def _bwd_dq_kernel(
             s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv)
             vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            e = tl.math.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(e, 1)
-            u_i = u_i * alpha + tl.sum(tl.where(vis, e * dp, 0.0), 1)
-            m_i = m_new
+            m_i, l_i, u_i = _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, True)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))

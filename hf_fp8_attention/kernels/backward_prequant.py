@@ -196,6 +196,28 @@ def _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, keys, col_ok
 
 
 @triton.jit
+def _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
+    """Fold one key tile into a query tile's matched statistics, all (BLOCK_Q,): running max m of S,
+    l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij. ``s`` and ``dp`` (BLOCK_Q, BLOCK_K): logits in
+    log2 units, -inf where not visible, and dP; MASKED: only the pairs in ``vis`` add to u.
+    Shared by this module's kernel and the in-register one (backward.py)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Rows with no visible key so far keep every exponent finite. Kept on interior tiles too (one
+    # value per row): logits that overflow to -inf stay handled exactly as on boundary tiles.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    # Without the caller's tl.where on S (interior tiles), FP fusion may contract S's last scale
+    # multiply and this subtraction into one FMA: last-bit differences from the boundary rounding.
+    e = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(e, 1)
+    edp = e * dp
+    if MASKED:
+        edp = tl.where(vis, edp, 0.0)
+    u_i = u_i * alpha + tl.sum(edp, 1)
+    return m_new, l_i, u_i
+
+
+@triton.jit
 def _dq_stats_tiles(
     m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
@@ -211,24 +233,12 @@ def _dq_stats_tiles(
         col_ok = offs_n < k_len  # read only if MASKED
         s, dp = _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
                         offs_d, BLOCK_D, MASKED)
+        vis = None  # interior tiles: every pair is visible
         if MASKED:
             vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows with no visible key so far keep every exponent finite. Kept on interior tiles too (one
-        # value per row): logits that overflow to -inf stay handled exactly as on boundary tiles.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        # Without the tl.where above (interior tiles), FP fusion may contract S's last scale multiply
-        # and this subtraction into one FMA: last-bit differences from the boundary-tile rounding.
-        e = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(e, 1)
-        edp = e * dp
-        if MASKED:
-            edp = tl.where(vis, edp, 0.0)
-        u_i = u_i * alpha + tl.sum(edp, 1)
-        m_i = m_new
+        m_i, l_i, u_i = _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED)
     return m_i, l_i, u_i
 
 
