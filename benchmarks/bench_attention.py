@@ -189,10 +189,10 @@ def run(args) -> tuple[dict, list[dict]]:
 def _autotune_choices() -> dict:
     """The launch configuration the forward's autotuner picked per key (empty if pinned)."""
     try:
-        from hf_fp8_attention.kernels.forward import _fwd_kernel_tuned
+        from hf_fp8_attention.kernels.forward import FORWARD_TUNER
     except Exception:  # noqa: BLE001
         return {}
-    return {str(key): str(cfg) for key, cfg in getattr(_fwd_kernel_tuned, "cache", {}).items()}
+    return {str(key): "BLOCK_M={}, num_warps={}, num_stages={}".format(*cfg) for key, cfg in FORWARD_TUNER.choices.items()}
 
 
 def _cell(row, key, field="tflops"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,12 @@ class FP8Format(str, enum.Enum):
 
     @property
     def max(self) -> float:
-        return float(torch.finfo(self.dtype).max)  # 448 for E4M3, 57344 for E5M2
+        return _format_max(self)  # 448 for E4M3, 57344 for E5M2
+
+
+@functools.lru_cache(maxsize=None)
+def _format_max(fmt: FP8Format) -> float:
+    return float(torch.finfo(fmt.dtype).max)  # cached: read on every kernel launch
 
 
 class DeltaMode(str, enum.Enum):

@@ -85,16 +85,44 @@ def _forward_case(name, seed):
     }
 
 
-def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group):
+def _check_copies(x, out, fmt, pow2, cu, block):
+    """Compare one operand's kernel copies with quant.quantize: {check name: bool}."""
+    import torch
+
+    from hf_fp8_attention.quant import quantize
+
+    rc, rs, cc, cs, tile_off = out
+    s_len, d = x.shape[2], x.shape[3]
+    ok_col_codes, ok_col_scales = True, True
+    n_tok = s_len if cu is None else int(cu[-1])  # tokens after the last sequence are never written
+    want_codes, want_scales = quantize(x[:, :, :n_tok], dim=-1, block=None, fmt=fmt, pow2=pow2)
+    ok_row_codes = torch.equal(rc[:, :, :n_tok, :d].view(torch.uint8), want_codes.view(torch.uint8))
+    ok_row_codes &= bool((rc[:, :, :n_tok, d:].float() == 0).all())
+    ok_row_scales = torch.equal(rs[:, :, :n_tok], want_scales[..., 0])
+    bounds = [(0, s_len)] if cu is None else [(int(cu[i]), int(cu[i + 1])) for i in range(cu.numel() - 1)]
+    slot0 = [0] if cu is None else tile_off.tolist()
+    for (s, e), first in zip(bounds, slot0):
+        if e == s:
+            continue
+        codes, scales = quantize(x[:, :, s:e], dim=-2, block=block, fmt=fmt, pow2=pow2)
+        got = cc[:, :, :d, s:e].transpose(-1, -2)
+        ok_col_codes &= torch.equal(got.contiguous().view(torch.uint8), codes.view(torch.uint8))
+        ok_col_scales &= torch.equal(cs[:, :, first : first + scales.shape[2], :d], scales)
+    ok_pad = bool((cc[..., s_len:].float() == 0).all())
+    return {"row_codes": ok_row_codes, "row_scales": ok_row_scales, "col_codes": bool(ok_col_codes),
+            "col_scales": bool(ok_col_scales), "pad_zero": ok_pad}
+
+
+def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt):
     import torch
 
     from hf_fp8_attention.config import FP8Format
-    from hf_fp8_attention.kernels.quantize import quantize_operand
-    from hf_fp8_attention.quant import quantize
+    from hf_fp8_attention.kernels.quantize import Copies, quantize_operands
 
     fmt = FP8Format(fmt_name)
     gen = torch.Generator().manual_seed(7)
-    x = (torch.randn(1 if varlen else 2, 3, 45, 96, generator=gen) * torch.logspace(-3, 2, 96)).to(torch.bfloat16)
+    shape = (1 if varlen else 2, 3, 45, 96)
+    x = (torch.randn(*shape, generator=gen) * torch.logspace(-3, 2, 96)).to(torch.bfloat16)
     x[..., 5, :] = 0  # a zero row: scale 1
     # A tiny row (amax < 448·2^-126): the scale is floored at 2^-126. Values stay normal fp32: the
     # interpreter flushes fp32 subnormal inputs to zero (GPUs do not).
@@ -102,36 +130,29 @@ def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group):
     x[..., 6, :] = (r.sign() * (0.5 + r.abs()) * 1e-36).to(torch.bfloat16)
     cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
     block = 16
-    rc, rs, cc, cs, tile_off = quantize_operand(
-        x, row=True, col=True, block=block, row_format=fmt, col_format=fmt, pow2=pow2, cu_seqlens=cu,
-        row_chunk=row_chunk, col_group=col_group,
-    )
-    ok_col_codes, ok_col_scales = True, True
-    n_tok = 45 if cu is None else int(cu[-1])  # tokens after the last sequence are never written
-    want_codes, want_scales = quantize(x[:, :, :n_tok], dim=-1, block=None, fmt=fmt, pow2=pow2)
-    ok_row_codes = torch.equal(rc[:, :, :n_tok, :96].view(torch.uint8), want_codes.view(torch.uint8))
-    ok_row_codes &= bool((rc[:, :, :n_tok, 96:].float() == 0).all())
-    ok_row_scales = torch.equal(rs[:, :, :n_tok], want_scales[..., 0])
-    bounds = [(0, 45)] if cu is None else [(int(cu[i]), int(cu[i + 1])) for i in range(cu.numel() - 1)]
-    slot0 = [0] if cu is None else tile_off.tolist()
-    for (s, e), first in zip(bounds, slot0):
-        if e == s:
-            continue
-        codes, scales = quantize(x[:, :, s:e], dim=-2, block=block, fmt=fmt, pow2=pow2)
-        got = cc[:, :, :96, s:e].transpose(-1, -2)
-        ok_col_codes &= torch.equal(got.contiguous().view(torch.uint8), codes.view(torch.uint8))
-        ok_col_scales &= torch.equal(cs[:, :, first : first + scales.shape[2], :96], scales)
-    ok_pad = bool((cc[..., 45:].float() == 0).all())
-    return {"row_codes": ok_row_codes, "row_scales": ok_row_scales, "col_codes": bool(ok_col_codes),
-            "col_scales": bool(ok_col_scales), "pad_zero": ok_pad}
+    xs, copies = (x,), (Copies(True, True, fmt),)
+    if pair_fmt is not None:
+        # A second operand in the same launch: its own values, strides (token-major, like a view
+        # of a (B, S, H, D) projection) and format.
+        y = (torch.randn(shape[0], shape[2], shape[1], 96, generator=gen) * 30).to(torch.bfloat16).transpose(1, 2)
+        xs, copies = (x, y), (copies[0], Copies(True, True, FP8Format(pair_fmt)))
+    outs = quantize_operands(xs, copies, block=block, pow2=pow2, cu_seqlens=cu, row_chunk=row_chunk,
+                             col_group=col_group)
+    result = _check_copies(x, outs[0], fmt, pow2, cu, block)
+    if pair_fmt is not None:
+        result.update({f"y_{k}": v for k, v in _check_copies(xs[1], outs[1], copies[1].fmt, pow2, cu, block).items()})
+    return result
 
 
-# (format, pow2, varlen, row_chunk, col_group): slices smaller than the 16-token block and the
-# 128 padded channels (96 real) read each tile in pieces.
+# (format, pow2, varlen, row_chunk, col_group, format of a second operand in the same launch):
+# slices smaller than the 16-token block and the 128 padded channels (96 real) read each tile in
+# pieces.
 QUANT_CASES = {
-    "e4m3": ("e4m3", False, False, None, None),
-    "e4m3_pow2_varlen": ("e4m3", True, True, 4, 32),
-    "e5m2_varlen": ("e5m2", False, True, 8, 64),
+    "e4m3": ("e4m3", False, False, None, None, None),
+    "e4m3_pow2_varlen": ("e4m3", True, True, 4, 32, None),
+    "e5m2_varlen": ("e5m2", False, True, 8, 64, None),
+    "pair_e4m3_e5m2": ("e4m3", False, False, 8, 32, "e5m2"),
+    "pair_varlen_pow2": ("e5m2", True, True, None, None, "e4m3"),
 }
 
 
@@ -175,6 +196,8 @@ def test_masked_rows_case_has_empty_rows(interpreter_results):
 def test_quantize_kernel_bit_exact(interpreter_results, name):
     r = interpreter_results[f"quant/{name}"]
     assert all(r.values()), r
+    if QUANT_CASES[name][5] is not None:  # the second operand of the launch was checked too
+        assert any(key.startswith("y_") for key in r), r
 
 
 if __name__ == "__main__":

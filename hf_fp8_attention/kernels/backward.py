@@ -35,7 +35,7 @@ dV: see ``LAUNCH``), with the same operations per element.
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
@@ -45,8 +45,8 @@ from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec
 from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _fold_matched_stats, _seq
 from .backward_quant import quant_cols, quant_rows
-from .quantize import COMPILE_OPTIONS, interpreting, quantize_operand
-from .tiles import check_compiled_blocks
+from .quantize import COMPILE_OPTIONS, Copies, interpreting, padded_head_dim, quantize_operands
+from .tiles import cdiv, check_compiled_blocks
 
 LOG2E = 1.4426950408889634
 
@@ -445,28 +445,37 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         max_k = int((cu_k[1:] - cu_k[:-1]).max()) if n_seq else 0
         alloc = torch.zeros  # tokens outside every sequence get zero gradients
     else:
-        cu_q = cu_k = torch.zeros(1, dtype=torch.int32, device=dev)  # unused
+        cu_q = cu_k = lse  # dummies, never read (the kernels load them only when VARLEN)
         n_seq, max_q, max_k = b, sq_total, sk_total
         alloc = torch.empty
     if n_seq * hq > 65535:  # grid axis 1 holds (sequence, head) pairs
         raise ValueError(f"triton_backward: sequences x heads = {n_seq * hq} exceeds the grid limit 65535")
+    prequant = fp8 and LAUNCH["prequant"]
     dq = alloc(q.shape, dtype=q.dtype, device=dev)
     dk = alloc(k.shape, dtype=k.dtype, device=dev)
     dv = alloc(v.shape, dtype=v.dtype, device=dev)
-    lse2 = torch.full((b * hq, sq_total), float("-inf"), dtype=torch.float32, device=dev)
-    delta = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev)
+    if prequant:
+        # LSE' and D of every row of every sequence are written by the dQ kernel's statistics pass
+        # before any launch reads them; rows outside all sequences are never read. Under the
+        # interpreter (the CPU tests) they start as NaN, so a row read before it is written shows.
+        scratch = functools.partial(torch.full, fill_value=float("nan")) if interpreting() else torch.empty
+        lse2 = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
+        delta = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
+    else:
+        lse2 = torch.full((b * hq, sq_total), float("-inf"), dtype=torch.float32, device=dev)
+        delta = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev)
     dbg_ds = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     dbg_pabs = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     if n_seq == 0 or max_q == 0:
         return dq.zero_(), dk.zero_(), dv.zero_(), dbg_ds, dbg_pabs
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window if mask.window is not None else 0
-    if fp8 and LAUNCH["prequant"]:
+    if prequant:
         _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                          n_seq, max_q, max_k, scale, mask, config, debug)
         return dq, dk, dv, dbg_ds, dbg_pabs
     common = dict(
-        HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_Q=bq, BLOCK_K=bk,
+        HEAD_D=d, BLOCK_D=padded_head_dim(d), BLOCK_Q=bq, BLOCK_K=bk,
         FP8=fp8, CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen,
         POW2=bool(config.pow2_scales), QKV_DTYPE=_tl_fp8(FP8Format.E4M3),
         DO_DTYPE=_tl_fp8(config.do_format), DS_DTYPE=_tl_fp8(config.ds_format),
@@ -475,13 +484,13 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     )
     qk_scale = float(scale) * LOG2E
     dims = (hq, g, sq_total, sq_total, sk_total)  # SQ/SK: dense lengths (varlen reads cu_seqlens)
-    _bwd_dq_kernel[(triton.cdiv(max_q, bq), n_seq * hq)](
+    _bwd_dq_kernel[(cdiv(max_q, bq), n_seq * hq)](
         q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
         *dims, window, qk_scale, float(scale),
         MATCHED=matched, DEBUG=debug, **common, **LAUNCH["inreg"]["dq"], **COMPILE_OPTIONS,
     )
-    _bwd_dkdv_kernel[(triton.cdiv(max_k, bk), n_seq * hkv)](
+    _bwd_dkdv_kernel[(cdiv(max_k, bk), n_seq * hkv)](
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *dims, window, qk_scale, float(scale),
@@ -499,19 +508,18 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     varlen = mask.is_varlen
     cq, ck = (cu_q, cu_k) if varlen else (None, None)
     # Row-wise copies for B1/B2 and transposed channel-wise copies per recipe block for B3-B5, made
-    # by the forward's quantization kernel (so B1's codes are the forward's F1 codes, bit for bit).
-    qr, qrs, qct, qcs, toff_q = quantize_operand(q, row=True, col=True, block=bq, row_format=config.q_format,
-                                                 col_format=config.q_format, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
-    kr, krs, kct, kcs, toff_k = quantize_operand(k, row=True, col=True, block=bk, row_format=config.k_format,
-                                                 col_format=config.k_format, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
-    vr, vrs, _, _, _ = quantize_operand(v, row=True, col=False, block=bk, row_format=config.v_format, pow2=pow2,
-                                        cu_seqlens=ck, max_seqlen=max_k)
-    dor, dors, doct, docs, _ = quantize_operand(dout, row=True, col=True, block=bq, row_format=config.do_format,
-                                                col_format=config.do_format, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+    # by the forward's quantization kernel (so B1's codes are the forward's F1 codes, bit for bit):
+    # one launch for Q and dO, one for K and V.
+    (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = quantize_operands(
+        (q, dout), (Copies(True, True, config.q_format), Copies(True, True, config.do_format)),
+        block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+    (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = quantize_operands(
+        (k, v), (Copies(True, True, config.k_format), Copies(True, False, config.v_format)),
+        block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
     if not varlen:  # the kernels read tile offsets only for packed sequences
         toff_q, toff_k = cu_q, cu_k
     interp = interpreting()
-    common = dict(HEAD_D=d, BLOCK_D=triton.next_power_of_2(d), CAUSAL=bool(mask.causal),
+    common = dict(HEAD_D=d, BLOCK_D=padded_head_dim(d), CAUSAL=bool(mask.causal),
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
                   DS_DTYPE=_tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
     window = mask.window if mask.window is not None else 0
@@ -521,7 +529,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
     for stats, grads, launch in dq_passes:
         bm = LAUNCH["free_tile"][launch] or bq
-        _bwd_dq_prequant_kernel[(triton.cdiv(max_q, bm), n_seq * hq)](
+        _bwd_dq_prequant_kernel[(cdiv(max_q, bm), n_seq * hq)](
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
             dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
             *dout.stride(), *o.stride(), *lse.stride(),
@@ -532,7 +540,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
         bn = LAUNCH["free_tile"][launch] or bk
-        _bwd_dkdv_prequant_kernel[(triton.cdiv(max_k, bn), n_seq * hkv)](
+        _bwd_dkdv_prequant_kernel[(cdiv(max_k, bn), n_seq * hkv)](
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
             lse2, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,

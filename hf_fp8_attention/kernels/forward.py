@@ -30,6 +30,7 @@ scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv h
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -39,9 +40,10 @@ import triton.language as tl
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .tiles import check_compiled_blocks, split_tiles
+from .autotune import LaunchTuner
+from .tiles import cdiv, check_compiled_blocks, split_tiles
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operand,
+    COMPILE_OPTIONS, Copies, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
     scale_from_amax, to_fp8,
 )
 
@@ -223,10 +225,6 @@ AUTOTUNE_SPACE = ((128, 8, 2), (128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4))
 PIN_ENV = "HF_FP8_ATTENTION_FWD_CONFIG"
 
 
-def _autotune_configs():
-    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=st) for bm, w, st in AUTOTUNE_SPACE]
-
-
 def _pinned_launch() -> tuple[int, int, int] | None:
     value = os.environ.get(PIN_ENV)
     if not value:
@@ -238,10 +236,20 @@ def _pinned_launch() -> tuple[int, int, int] | None:
     return bm, w, st
 
 
-_fwd_kernel_tuned = triton.autotune(
-    configs=_autotune_configs(),
-    key=["BLOCK_N", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "IS_VARLEN", "POW2"],
-)(_fwd_kernel)
+# The autotuner's choice per (block_k, padded head dim, causal, window, varlen, pow2, dtype);
+# FORWARD_TUNER.choices is what benchmarks report.
+FORWARD_TUNER = LaunchTuner("triton_forward", AUTOTUNE_SPACE)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int) -> dict:
+    """The forward kernel's constexprs (cached: rebuilt only for a new recipe or mask kind)."""
+    return dict(
+        BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), CAUSAL=causal, HAS_WINDOW=has_window,
+        IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
+        LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
+        **cast_meta(config.p_format, "P"), CVT=cvt,
+    )
 
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128)
@@ -294,13 +302,10 @@ def triton_forward(
         lens_q = mask.cu_seqlens_q[1:] - mask.cu_seqlens_q[:-1]
         lens_k = mask.cu_seqlens_k[1:] - mask.cu_seqlens_k[:-1]
         max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
-    k_codes, k_scales, _, _, _ = quantize_operand(
-        k, row=True, col=False, block=bn, row_format=config.k_format, pow2=config.pow2_scales,
-        cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
-    )
-    _, _, vt_codes, v_scales, tile_off = quantize_operand(
-        v, row=False, col=True, block=bn, col_format=config.v_format, pow2=config.pow2_scales,
-        cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
+    # K's row-wise copy (F1) and V's transposed channel-wise copy (F2), one launch.
+    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
+        (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
+        block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
     )
     if varlen:
         out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
@@ -320,26 +325,23 @@ def triton_forward(
         cu_q, cu_k, tile_off, hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
         float(scale) * LOG2E, window,
     )
-    meta = dict(
-        BLOCK_N=bn, BLOCK_D=padded_head_dim(d), CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None,
-        IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max, LOG2_PMAX=math.log2(config.p_format.max),
-        Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"), **cast_meta(config.p_format, "P"),
-        CVT=cvt_mode(),
-    )
+    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode())
     if max(rows, 0) == 0:
         return out, lse
-    pinned = _pinned_launch()
+
+    def launch(cfg: tuple[int, int, int]) -> None:
+        bm, warps, stages = cfg
+        _fwd_kernel[(cdiv(rows, bm), n_prog1)](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages,
+                                               **COMPILE_OPTIONS)
+
     if block_m is not None:
-        pinned = (block_m, 4 if block_m >= 64 else 1, 2)
+        launch((block_m, 4 if block_m >= 64 else 1, 2))
     elif interpreting():
-        pinned = (16, 1, 1)
-    if pinned is not None:
-        bm, warps, stages = pinned
-        grid = (triton.cdiv(rows, bm), n_prog1)
-        _fwd_kernel[grid](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages, **COMPILE_OPTIONS)
+        launch((16, 1, 1))
     else:
-        grid = lambda m: (triton.cdiv(rows, m["BLOCK_M"]), n_prog1)  # noqa: E731
-        _fwd_kernel_tuned[grid](*args, **meta, **COMPILE_OPTIONS)
+        pinned = _pinned_launch()
+        key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype)
+        launch(pinned or FORWARD_TUNER.pick(key, launch))
     return out, lse
 
 

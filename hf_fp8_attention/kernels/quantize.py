@@ -1,7 +1,7 @@
-"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2), one launch per operand.
+"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2).
 
 For a tensor ``x (B, H, S, D)`` (bf16/fp16/fp32, any strides) one launch can emit both copies the
-FP8 matmuls need:
+FP8 matmuls need (and one launch serves two tensors of one shape, e.g. K and V):
 
 - the **row-wise** copy (one scale per token, amax over the head dim), laid out ``(B, H, S, DP)``
   with ``DP = next_pow2(D)`` (zero codes in the padded channels): the K-major operand of every
@@ -22,13 +22,16 @@ NaN/Inf in a block give a non-finite scale, so the block dequantizes to NaN/Inf,
 """
 from __future__ import annotations
 
+import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from ..config import FP8Format
+from .tiles import cdiv
 
 _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 
@@ -149,19 +152,14 @@ def cast_meta(fmt: FP8Format, prefix: str) -> dict:
 
 
 @triton.jit
-def _quantize_kernel(
-    x_ptr, sxb, sxh, sxs, sxd,
-    row_codes_ptr, row_scales_ptr,  # (B, H, S, DP), (B, H, S)
-    col_codes_ptr, col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
-    cu_ptr, tile_off_ptr,  # varlen: (n_seq + 1,) token offsets, (n_seq,) first tile slot of each sequence
-    H, S, D, S_PAD, NT,
+def _quantize_tile(
+    x_base, sxs, sxd, row_codes_ptr, row_scales_ptr, col_codes_ptr, col_scales_ptr,
+    bhi, tile, start, length, slot, S, D, S_PAD, NT,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
-    ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, IS_VARLEN: tl.constexpr,
-    ROW_FMAX: tl.constexpr, COL_FMAX: tl.constexpr, ROW_DTYPE: tl.constexpr, COL_DTYPE: tl.constexpr,
-    ROW_MANT: tl.constexpr, ROW_SUB_MAGIC: tl.constexpr, ROW_SUB_MIN: tl.constexpr,
-    COL_MANT: tl.constexpr, COL_SUB_MAGIC: tl.constexpr, COL_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
+    ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr, DTYPE: tl.constexpr,
+    MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One program per (tile of BLOCK_S tokens of one sequence, batch·head).
+    """The copies of one (BLOCK_S tokens, head) tile of one operand (``x_base``: its (batch, head)).
 
     A whole (BLOCK_S, BLOCK_D) fp32 tile in registers leaves room for one or two programs per SM
     (255 registers and spills at 128 x 128): too few loads in flight for HBM bandwidth. So each copy
@@ -170,6 +168,57 @@ def _quantize_kernel(
     (a channel's scale needs all the tile's tokens; each channel's codes are then a contiguous run
     of BLOCK_S bytes in the transposed layout). With both copies the tile is read twice, the second
     time mostly from L2.
+    """
+    if ROW:
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        for c in range(0, BLOCK_S, ROW_CHUNK):
+            offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
+            tok = start + offs_s  # position on the (packed) token axis
+            s_ok = offs_s < length
+            x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
+            x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            r_scale = scale_from_amax(abs_max(x, 1), FMAX, POW2)
+            r_codes = to_fp8(x, r_scale[:, None], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+            tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
+            r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
+            tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
+    if COL:
+        tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+        tile_tok = start + tile_s
+        tile_ok = tile_s < length
+        for g in range(0, BLOCK_D, COL_GROUP):
+            chan = g + tl.arange(0, COL_GROUP)
+            x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
+            x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
+            c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
+            c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+            tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
+            c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
+            tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, sxb, sxh, sxs, sxd,  # operand X: (B, H, S, D)
+    x_row_codes_ptr, x_row_scales_ptr,  # (B, H, S, DP), (B, H, S)
+    x_col_codes_ptr, x_col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
+    y_ptr, syb, syh, sys_, syd,  # operand Y (same shape; grid axis 2 == 2 only): same layouts
+    y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr, y_col_scales_ptr,
+    cu_ptr, tile_off_ptr,  # varlen: (n_seq + 1,) token offsets, (n_seq,) first tile slot of each sequence
+    H, S, D, S_PAD, NT,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
+    POW2: tl.constexpr, IS_VARLEN: tl.constexpr, CVT: tl.constexpr,
+    X_ROW: tl.constexpr, X_COL: tl.constexpr, X_FMAX: tl.constexpr, X_DTYPE: tl.constexpr,
+    X_MANT: tl.constexpr, X_SUB_MAGIC: tl.constexpr, X_SUB_MIN: tl.constexpr,
+    Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
+    Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
+):
+    """One program per (tile of BLOCK_S tokens of one sequence, batch·head, operand).
+
+    Two operands of one shape share a launch (grid axis 2 picks X or Y), each with its own copies
+    and format: a launch costs tens of microseconds of host time, more than quantizing a short
+    sequence takes on the GPU.
     """
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -188,40 +237,22 @@ def _quantize_kernel(
     if tile * BLOCK_S >= length:
         return
     bb = bb.to(tl.int64)
-    x_base = x_ptr + bb * sxb + h * sxh
     bhi = bb * H + h
-    if ROW:
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
-        for c in range(0, BLOCK_S, ROW_CHUNK):
-            offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
-            tok = start + offs_s  # position on the (packed) token axis
-            s_ok = offs_s < length
-            x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
-            x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            r_scale = scale_from_amax(abs_max(x, 1), ROW_FMAX, POW2)
-            r_codes = to_fp8(x, r_scale[:, None], ROW_FMAX, ROW_DTYPE, ROW_MANT, ROW_SUB_MAGIC, ROW_SUB_MIN, CVT)
-            tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
-            r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
-            tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
-    if COL:
-        tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
-        tile_tok = start + tile_s
-        tile_ok = tile_s < length
-        for g in range(0, BLOCK_D, COL_GROUP):
-            chan = g + tl.arange(0, COL_GROUP)
-            x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
-            x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
-            c_scale = scale_from_amax(abs_max(x, 0), COL_FMAX, POW2)
-            c_codes = to_fp8(x, c_scale[None, :], COL_FMAX, COL_DTYPE, COL_MANT, COL_SUB_MAGIC, COL_SUB_MIN, CVT)
-            tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
-            c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
-            tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
+    if tl.program_id(2) == 0:
+        _quantize_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr,
+                       x_col_scales_ptr, bhi, tile, start, length, slot, S, D, S_PAD, NT,
+                       BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
+                       X_SUB_MAGIC, X_SUB_MIN, CVT)
+    else:
+        _quantize_tile(y_ptr + bb * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
+                       y_col_scales_ptr, bhi, tile, start, length, slot, S, D, S_PAD, NT,
+                       BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
+                       Y_SUB_MAGIC, Y_SUB_MIN, CVT)
 
 
 def padded_head_dim(d: int) -> int:
     """The head dim the kernels compute with (a power of two: 64 -> 64, 96 -> 128, 128 -> 128)."""
-    return triton.next_power_of_2(d)
+    return 1 << max(d - 1, 0).bit_length()
 
 
 def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tuple[torch.Tensor | None, int]:
@@ -233,11 +264,118 @@ def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tup
     sequence adds at most one partial tile).
     """
     if cu_seqlens is None:
-        return None, triton.cdiv(max(seq_len, 1), block)
+        return None, cdiv(max(seq_len, 1), block)
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
     n_tiles = (lens + block - 1) // block
     tile_off = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     return tile_off, seq_len // block + cu_seqlens.numel() - 1
+
+
+class Copies(NamedTuple):
+    """Which FP8 copies of one operand to emit, and their format."""
+
+    row: bool
+    col: bool
+    fmt: FP8Format = FP8Format.E4M3
+
+
+_NO_COPIES = Copies(False, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _copies_meta(copies: Copies, prefix: str) -> dict:
+    """The kernel's constexprs for one operand (``prefix`` "X" or "Y"); cached: built once per kind."""
+    return {f"{prefix}_ROW": copies.row, f"{prefix}_COL": copies.col, f"{prefix}_FMAX": copies.fmt.max,
+            f"{prefix}_DTYPE": _TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix)}
+
+
+def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots: int, varlen: bool):
+    """Output buffers of :func:`quantize_operands` for one operand (None where no copy is asked)."""
+    bsz, heads, seq, _ = x.shape
+    dev, dtype = x.device, copies.fmt.dtype
+    row_codes = row_scales = col_codes = col_scales = None
+    if copies.row:
+        row_codes = torch.empty(bsz, heads, seq, dp, dtype=dtype, device=dev)
+        row_scales = torch.empty(bsz, heads, seq, dtype=torch.float32, device=dev)
+    if copies.col:
+        col_codes = torch.empty(bsz, heads, dp, s_pad, dtype=dtype, device=dev)
+        if s_pad > seq:
+            col_codes[..., seq:].zero_()
+        # Dense: every slot is written by its tile, padded channels included (scale 1). Packed
+        # sequences leave slack slots no tile writes; they must still hold a finite scale.
+        alloc = torch.ones if varlen or seq == 0 else torch.empty
+        col_scales = alloc(bsz, heads, n_slots, dp, dtype=torch.float32, device=dev)
+    return row_codes, row_scales, col_codes, col_scales
+
+
+def quantize_operands(
+    xs: tuple[torch.Tensor, ...],
+    copies: tuple[Copies, ...],
+    *,
+    block: int,
+    pow2: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+    row_chunk: int | None = None,
+    col_group: int | None = None,
+) -> list[tuple]:
+    """Row-wise and/or transposed channel-wise FP8 copies of one or two tensors of one shape, in one
+    launch (each tensor is read from memory once; with both copies each tile is read a second time,
+    mostly from L2).
+
+    Args:
+        xs: one or two tensors ``(B, H, S, D)`` of the same shape, bf16/fp16/fp32, any strides.
+            Varlen: ``B == 1``, packed token axis.
+        copies: per tensor, which copies to emit and their FP8 format (:class:`Copies`).
+        block: tokens per channel-wise tile (tiles start at every sequence start).
+        cu_seqlens: int32 ``(n_seq + 1,)`` for packed batches, with ``max_seqlen`` its longest length.
+        row_chunk / col_group: tokens / channels a program reads at a time for the row-wise /
+            channel-wise copy (powers of two; defaults in ``QUANT_LAUNCH``, capped at ``block`` /
+            the padded head dim). They change the speed only, never a code or a scale.
+    Returns:
+        Per tensor ``(row_codes (B, H, S, DP) | None, row_scales (B, H, S) fp32 | None,
+        col_codes_t (B, H, DP, S_pad) | None, col_scales (B, H, NT, DP) fp32 | None, tile_off | None)``
+        with ``DP = padded_head_dim(D)``, ``S_pad`` = S rounded up to 16 (pad columns are zero),
+        ``NT`` tile slots (see :func:`tile_slots`); padded channels hold zero codes and scale 1.
+    """
+    if len(xs) not in (1, 2) or len(copies) != len(xs):
+        raise ValueError(f"quantize_operands: one or two tensors, one Copies each; got {len(xs)} and {len(copies)}")
+    if len(xs) == 2 and xs[0].shape != xs[1].shape:
+        raise ValueError(f"quantize_operands: tensors of one launch must share a shape, got "
+                         f"{tuple(xs[0].shape)} and {tuple(xs[1].shape)}")
+    x = xs[0]
+    bsz, heads, seq, d = x.shape
+    dp = padded_head_dim(d)
+    varlen = cu_seqlens is not None
+    tile_off, n_slots = tile_slots(cu_seqlens, seq, block)
+    s_pad = cdiv(max(seq, 1), 16) * 16  # 16-byte aligned rows of the transposed copy
+    outs = [_alloc_copies(t, c, dp, s_pad, n_slots, varlen) for t, c in zip(xs, copies)]
+    if varlen:
+        n_seq = cu_seqlens.numel() - 1
+        max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        grid = (cdiv(max(max_len, 1), block), n_seq * heads, len(xs))
+        cu = cu_seqlens.to(torch.int32)
+    else:
+        grid = (cdiv(max(seq, 1), block), bsz * heads, len(xs))
+        cu = None
+    row_chunk = min(row_chunk or QUANT_LAUNCH["row_chunk"], block)
+    col_group = min(col_group or QUANT_LAUNCH["col_group"], dp)
+    for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"quantize_operands: {name} must be a power of two, got {value}")
+    dummy = x  # never read when the matching constexpr is off
+    operand_args = [(t, *t.stride(), *(dummy if o is None else o for o in out)) for t, out in zip(xs, outs)]
+    if len(xs) == 1:
+        operand_args.append(operand_args[0])  # operand Y: no copies, never read
+    _quantize_kernel[grid](
+        *operand_args[0], *operand_args[1],
+        cu if varlen else dummy, tile_off if varlen else dummy,
+        heads, seq, d, s_pad, n_slots,
+        BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
+        CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
+        num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
+    )
+    return [(*out, tile_off) for out in outs]
 
 
 def quantize_operand(
@@ -246,73 +384,14 @@ def quantize_operand(
     row: bool,
     col: bool,
     block: int,
-    row_format: FP8Format = FP8Format.E4M3,
-    col_format: FP8Format = FP8Format.E4M3,
+    fmt: FP8Format = FP8Format.E4M3,
     pow2: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
     row_chunk: int | None = None,
     col_group: int | None = None,
 ):
-    """Row-wise and/or transposed channel-wise FP8 copies of ``x``, in one launch (``x`` is read
-    from memory once; with both copies each tile is read a second time, mostly from L2).
-
-    Args:
-        x: ``(B, H, S, D)`` bf16/fp16/fp32, any strides. Varlen: ``B == 1``, packed token axis.
-        row / col: which copies to emit.
-        block: tokens per channel-wise tile (tiles start at every sequence start).
-        cu_seqlens: int32 ``(n_seq + 1,)`` for packed batches, with ``max_seqlen`` its longest length.
-        row_chunk / col_group: tokens / channels a program reads at a time for the row-wise /
-            channel-wise copy (powers of two; defaults in ``QUANT_LAUNCH``, capped at ``block`` /
-            the padded head dim). They change the speed only, never a code or a scale.
-    Returns:
-        ``(row_codes (B, H, S, DP) | None, row_scales (B, H, S) fp32 | None,
-        col_codes_t (B, H, DP, S_pad) | None, col_scales (B, H, NT, DP) fp32 | None, tile_off | None)``
-        with ``DP = padded_head_dim(D)``, ``S_pad`` = S rounded up to 16 (pad columns are zero),
-        ``NT`` tile slots (see :func:`tile_slots`); padded channels hold zero codes and scale 1.
-    """
-    bsz, heads, seq, d = x.shape
-    dp = padded_head_dim(d)
-    dev = x.device
-    varlen = cu_seqlens is not None
-    tile_off, n_slots = tile_slots(cu_seqlens, seq, block)
-    s_pad = triton.cdiv(max(seq, 1), 16) * 16  # 16-byte aligned rows of the transposed copy
-    row_codes = torch.empty(bsz, heads, seq, dp, dtype=row_format.dtype, device=dev) if row else None
-    row_scales = torch.empty(bsz, heads, seq, dtype=torch.float32, device=dev) if row else None
-    col_codes = torch.empty(bsz, heads, dp, s_pad, dtype=col_format.dtype, device=dev) if col else None
-    col_scales = None
-    if col:
-        if s_pad > seq:
-            col_codes[..., seq:].zero_()
-        # Dense: every slot is written by its tile, padded channels included (scale 1). Packed
-        # sequences leave slack slots no tile writes; they must still hold a finite scale.
-        alloc = torch.ones if varlen or seq == 0 else torch.empty
-        col_scales = alloc(bsz, heads, n_slots, dp, dtype=torch.float32, device=dev)
-    if varlen:
-        n_seq = cu_seqlens.numel() - 1
-        max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        grid = (triton.cdiv(max(max_len, 1), block), n_seq * heads)
-        cu = cu_seqlens.to(torch.int32)
-    else:
-        grid = (triton.cdiv(max(seq, 1), block), bsz * heads)
-        cu = None
-    row_chunk = min(row_chunk or QUANT_LAUNCH["row_chunk"], block)
-    col_group = min(col_group or QUANT_LAUNCH["col_group"], dp)
-    for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"quantize_operand: {name} must be a power of two, got {value}")
-    dummy = x  # never read when the matching constexpr is off
-    _quantize_kernel[grid](
-        x, *x.stride(),
-        row_codes if row else dummy, row_scales if row else dummy,
-        col_codes if col else dummy, col_scales if col else dummy,
-        cu if varlen else dummy, tile_off if varlen else dummy,
-        heads, seq, d, s_pad, n_slots,
-        BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group,
-        ROW=row, COL=col, POW2=pow2, IS_VARLEN=varlen,
-        ROW_FMAX=row_format.max, COL_FMAX=col_format.max,
-        ROW_DTYPE=_TL_FP8[row_format], COL_DTYPE=_TL_FP8[col_format],
-        **cast_meta(row_format, "ROW"), **cast_meta(col_format, "COL"), CVT=cvt_mode(),
-        num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
-    )
-    return row_codes, row_scales, col_codes, col_scales, tile_off
+    """:func:`quantize_operands` for one tensor: ``(row_codes, row_scales, col_codes_t, col_scales,
+    tile_off)`` of ``x (B, H, S, D)`` (see there)."""
+    return quantize_operands((x,), (Copies(row, col, fmt),), block=block, pow2=pow2, cu_seqlens=cu_seqlens,
+                             max_seqlen=max_seqlen, row_chunk=row_chunk, col_group=col_group)[0]

@@ -18,6 +18,12 @@ def split_tiles(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
     return t_lo, f_lo, f_hi, t_hi
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host-side grids (plain Python: ``triton.cdiv`` costs a microsecond a call in
+    newer Triton, and a launch computes several)."""
+    return -(-a // b)
+
+
 # The recipe's blocks are contraction lengths of FP8 MMAs (keys in F2 and B4, queries in B3 and B5),
 # and Triton's FP8 tl.dot needs K >= 32 (Hopper's FP8 wgmma contracts 32 elements per instruction).
 MIN_COMPILED_BLOCK = 32

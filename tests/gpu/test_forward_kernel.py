@@ -179,7 +179,7 @@ def test_quantize_kernel_is_bit_exact(fmt):
     from hf_fp8_attention.kernels.quantize import quantize_operand
 
     x = torch.randn(2, 3, 1000, 96, device="cuda").mul(torch.logspace(-4, 3, 96, device="cuda")).bfloat16()
-    rc, rs, cc, cs, _ = quantize_operand(x, row=True, col=True, block=128, row_format=fmt, col_format=fmt)
+    rc, rs, cc, cs, _ = quantize_operand(x, row=True, col=True, block=128, fmt=fmt)
     rc, rs, cc, cs = (t.cpu() for t in (rc, rs, cc, cs))
     x = x.cpu()  # reference on the CPU: exact division by FMT_MAX (see the module docstring)
     codes, scales = quantize(x, dim=-1, block=None, fmt=fmt)
@@ -188,6 +188,40 @@ def test_quantize_kernel_is_bit_exact(fmt):
     codes, scales = quantize(x, dim=-2, block=128, fmt=fmt)
     assert torch.equal(cc[:, :, :96, :1000].transpose(-1, -2).contiguous().view(torch.uint8), codes.view(torch.uint8))
     assert torch.equal(cs[..., :96], scales)
+
+
+def test_autotuned_launch_matches_emulation(monkeypatch):
+    # The unpinned path: the launch tuner times every candidate on the first call of a key, keeps
+    # one, and every candidate it may keep gives the emulation's result within the bound.
+    from hf_fp8_attention.kernels.forward import AUTOTUNE_SPACE, FORWARD_TUNER
+
+    monkeypatch.delenv("HF_FP8_ATTENTION_FWD_CONFIG")
+    monkeypatch.setattr(FORWARD_TUNER, "choices", {})
+    q, k, v = _inputs(1, 4, 2, 700, 700, 128, torch.bfloat16, seed=5)
+    _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
+    assert len(FORWARD_TUNER.choices) == 1 and set(FORWARD_TUNER.choices.values()) <= set(AUTOTUNE_SPACE)
+    for cfg in AUTOTUNE_SPACE:
+        monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", ",".join(map(str, cfg)))
+        _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
+
+
+def test_quantize_pair_equals_single_launches():
+    # Two operands in one launch (as the forward's K and V and the backward's Q and dO): each gets
+    # the codes and scales of its own launch, with its own strides, copies and format.
+    from hf_fp8_attention.kernels.quantize import Copies, quantize_operand, quantize_operands
+
+    x = torch.randn(2, 3, 1000, 96, device="cuda").mul(torch.logspace(-4, 3, 96, device="cuda")).bfloat16()
+    y = torch.randn(2, 1000, 3, 96, device="cuda").mul(40).bfloat16().transpose(1, 2)
+    pair = quantize_operands((x, y), (Copies(True, False, FP8Format.E4M3), Copies(True, True, FP8Format.E5M2)),
+                             block=128)
+    singles = (quantize_operand(x, row=True, col=False, block=128, fmt=FP8Format.E4M3),
+               quantize_operand(y, row=True, col=True, block=128, fmt=FP8Format.E5M2))
+    for got, want in zip(pair, singles):
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert torch.equal(g.view(torch.uint8) if g.dtype.itemsize == 1 else g,
+                                   w.view(torch.uint8) if w.dtype.itemsize == 1 else w)
 
 
 def test_public_api_dispatches_to_the_kernel():
