@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -136,6 +137,51 @@ def _triton_backward_fn():
 
 
 # ---------------------------------------------------------------------------------------------
+# the implementations behind both entry points (custom ops, eager autograd Function)
+# ---------------------------------------------------------------------------------------------
+
+
+def _no_autocast(device_type: str):
+    """A context that switches autocast off if it is on. The recipe fixes every precision itself:
+    an enclosing autocast must not turn the emulation's fp32 matmuls into bf16 ones
+    (functional.fp8_attention already cast the inputs). Entering autocast costs host time, so
+    it is entered only when on."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+    """FP8 attention forward on the backend :func:`select_backend` picks.
+
+    Returns ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32.
+    """
+    with _no_autocast(q.device.type):
+        if select_backend(q.device, config) is Backend.TRITON:
+            from .kernels.forward import triton_forward
+
+            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+        else:
+            out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+    return out.contiguous(), lse.contiguous()
+
+
+def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+    """FP8 attention backward on the backend :func:`select_backend` picks: ``(dq, dk, dv)``
+    contiguous, shapes/dtypes of q, k, v. ``out`` is read only by the stale delta (None in matched
+    mode); ``dout`` may have any strides."""
+    grads = None
+    with _no_autocast(q.device.type):
+        if select_backend(q.device, config) is Backend.TRITON:
+            kernel = _triton_backward_fn()
+            if kernel is not None:
+                grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+        if grads is None:
+            grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+    return tuple(g.contiguous() for g in grads)
+
+
+# ---------------------------------------------------------------------------------------------
 # custom ops
 # ---------------------------------------------------------------------------------------------
 
@@ -153,18 +199,7 @@ def attention_forward(
     config: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward: ``out (B, Hq, Sq, D)`` contiguous in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
-    cfg = _config_from_key(config)
-    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
-    # The recipe fixes every precision itself: an enclosing autocast must not turn the emulation's
-    # fp32 matmuls into bf16 ones (functional.fp8_attention already cast the inputs).
-    with torch.autocast(q.device.type, enabled=False):
-        if select_backend(q.device, cfg) is Backend.TRITON:
-            from .kernels.forward import triton_forward
-
-            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=cfg)
-        else:
-            out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=cfg)
-    return out.contiguous(), lse.contiguous()
+    return run_forward(q, k, v, scale, _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k), _config_from_key(config))
 
 
 @attention_forward.register_fake
@@ -193,17 +228,8 @@ def attention_backward(
 
     ``out`` is read only by the stale delta (None in matched mode).
     """
-    cfg = _config_from_key(config)
     mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
-    grads = None
-    with torch.autocast(q.device.type, enabled=False):  # see attention_forward
-        if select_backend(q.device, cfg) is Backend.TRITON:
-            kernel = _triton_backward_fn()
-            if kernel is not None:
-                grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
-        if grads is None:
-            grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=cfg)
-    return tuple(g.contiguous() for g in grads)
+    return run_backward(q, k, v, out, lse, dout, scale, mask, _config_from_key(config))
 
 
 @attention_backward.register_fake
@@ -234,23 +260,59 @@ def _backward(ctx, dout, dlse):
     if dout is None:
         return (None,) * 9
     q, k, v, lse, out = ctx.saved_tensors
-    dq, dk, dv = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout.contiguous(), *ctx.args)
+    dq, dk, dv = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd("hf_fp8_attention::forward", _backward, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' autograd formula as a plain autograd Function, for eager calls.
+
+    Same implementations (:func:`run_forward` / :func:`run_backward`), same saved tensors; it skips
+    the custom-op dispatch and the config/mask flattening, which cost about 100 us of host time per
+    call on the benchmark GPU machine: at short sequences the GPU waits for the host.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+        out, lse = run_forward(q, k, v, scale, mask, config)
+        keep_out = config.delta is DeltaMode.STALE  # matched mode never reads O
+        ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
+        ctx.args = (scale, mask, config)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lse, out = ctx.saved_tensors
+        dq, dk, dv = run_backward(q, k, v, out, lse, dout, *ctx.args)
+        return dq, dk, dv, None, None, None
+
+
 class FP8AttentionFunction:
     """``out = attention(q, k, v)`` in FP8, with the configured backward (shapes: see reference.py).
 
-    ``FP8AttentionFunction.apply(q, k, v, scale, mask, config)`` flattens the mask and config into
-    the custom op's arguments; the op carries its autograd formula (``register_autograd``), so
-    ``torch.compile`` sees one op node and never needs to rebuild the MaskSpec / config objects.
+    ``FP8AttentionFunction.apply(q, k, v, scale, mask, config)``:
+
+    - under ``torch.compile`` (and for tensors that are not plain CPU/CUDA tensors: meta, fake,
+      subclasses) it calls the custom op, flattening the mask and config into its arguments; the
+      op carries its autograd formula (``register_autograd``), so the compiler sees one op node
+      and never needs to rebuild the MaskSpec / config objects;
+    - in eager mode it runs the same implementations through :class:`_EagerAttention`, without
+      the custom-op dispatch.
+
     O is saved for the backward only with the stale delta.
     """
 
     @staticmethod
     def apply(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig) -> torch.Tensor:
-        out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config))
-        return out
+        if torch.compiler.is_compiling() or not all(_plain(t) for t in (q, k, v)):
+            out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config))
+            return out
+        return _EagerAttention.apply(q, k, v, scale, mask, config)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A plain tensor on a device with real storage (not meta/fake, not a tensor subclass)."""
+    return type(t) is torch.Tensor and t.device.type in ("cuda", "cpu")
