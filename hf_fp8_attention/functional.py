@@ -6,6 +6,7 @@ import math
 import torch
 
 from .config import FP8AttentionConfig
+from .identity_cache import IdentityCache
 from .masking import MaskSpec
 from .ops import FP8AttentionFunction
 
@@ -57,27 +58,51 @@ def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k) -> None:
+def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[int, int] | None:
+    """Validate packed-batch offsets; return the longest query / key sequence on the host.
+
+    Reading the values costs a device sync; it happens once per pair of cu_seqlens tensors (every
+    layer of a model forward passes the same ones: see :mod:`.identity_cache`). None when not
+    packed, or under torch.compile (no host reads there; the kernels read the lengths themselves).
+    """
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("fp8_attention: pass both cu_seqlens_q and cu_seqlens_k, or neither")
     if cu_seqlens_q is None:
-        return
+        return None
     if q.shape[0] != 1:
         raise ValueError(f"fp8_attention: packed (cu_seqlens) input must have batch size 1, got {q.shape[0]}")
-    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[2]), ("cu_seqlens_k", cu_seqlens_k, k.shape[2])):
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"fp8_attention: {name} must be a 1-D int32/int64 tensor")
         if cu.numel() < 2:
             raise ValueError(f"fp8_attention: {name} needs at least 2 entries (0 and the first sequence's end)")
-        if torch.compiler.is_compiling():
-            continue  # the value checks read the tensor on the host: eager calls only, no graph break
-        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) > total:
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError("fp8_attention: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+    if torch.compiler.is_compiling():
+        return None  # the value checks read the tensors on the host: eager calls only, no graph break
+    totals = (q.shape[2], k.shape[2])
+    return _VARLEN_LENGTHS.get((cu_seqlens_q, cu_seqlens_k), totals,
+                               lambda: _read_cu_seqlens(cu_seqlens_q, cu_seqlens_k, totals))
+
+
+_VARLEN_LENGTHS = IdentityCache(maxsize=8)
+
+
+def _read_cu_seqlens(cu_q: torch.Tensor, cu_k: torch.Tensor, totals: tuple[int, int]) -> tuple[int, int]:
+    """Check both offset tensors and return their longest sequences, reading the device once."""
+    stats = []
+    for cu in (cu_q, cu_k):
+        lens = cu[1:].long() - cu[:-1].long()
+        stats += [cu[0].long(), (lens < 0).any().long(), cu[-1].long(), lens.max()]
+    first_q, dec_q, last_q, max_q, first_k, dec_k, last_k, max_k = torch.stack(stats).tolist()
+    for name, cu, first, dec, last, total in (("cu_seqlens_q", cu_q, first_q, dec_q, last_q, totals[0]),
+                                              ("cu_seqlens_k", cu_k, first_k, dec_k, last_k, totals[1])):
+        if first != 0 or dec or last > total:
             raise ValueError(
                 f"fp8_attention: {name} must start at 0, be non-decreasing and end at most at the token count {total}, "
                 f"got {cu.tolist()}"
             )
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError("fp8_attention: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences")
+    return int(max_q), int(max_k)
 
 
 def fp8_attention(
@@ -112,7 +137,7 @@ def fp8_attention(
     """
     q, k, v = _autocast(q, k, v)
     _check_tensors(q, k, v)
-    _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k)
+    max_lengths = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k)
     config = FP8AttentionConfig() if config is None else config
     if not isinstance(config, FP8AttentionConfig):
         raise TypeError(f"fp8_attention: config must be an FP8AttentionConfig, got {type(config).__name__}")
@@ -127,5 +152,7 @@ def fp8_attention(
             f"fp8_attention: causal attention needs q_len <= kv_len (diagonal aligned to the end), "
             f"got q_len={q.shape[2]}, kv_len={k.shape[2]}"
         )
-    mask = MaskSpec(causal=bool(causal), window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    max_q, max_k = max_lengths if max_lengths is not None else (None, None)
+    mask = MaskSpec(causal=bool(causal), window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_q=max_q, max_seqlen_k=max_k)
     return FP8AttentionFunction.apply(q, k, v, float(scale), mask, config)

@@ -26,6 +26,10 @@ class MaskSpec:
     window: int | None = None
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
+    # Varlen: the longest query / key sequence, when the caller knows it on the host (the kernels
+    # size their grids by it; without it they read it from cu_seqlens, a device sync).
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
 
     @property
     def is_varlen(self) -> bool:
@@ -36,6 +40,19 @@ class MaskSpec:
         cq = self.cu_seqlens_q.tolist()
         ck = self.cu_seqlens_k.tolist()
         return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
+
+
+def varlen_max_lengths(mask: MaskSpec) -> tuple[int, int]:
+    """``(max_seqlen_q, max_seqlen_k)`` of a varlen mask: the host values it carries, else read from
+    ``cu_seqlens`` (one device sync; 0 for a batch with no sequence)."""
+    if mask.max_seqlen_q is not None and mask.max_seqlen_k is not None:
+        return mask.max_seqlen_q, mask.max_seqlen_k
+    cu_q, cu_k = mask.cu_seqlens_q, mask.cu_seqlens_k
+    if cu_q.numel() < 2:
+        return 0, 0
+    lens = torch.stack([(cu_q[1:] - cu_q[:-1]).max(), (cu_k[1:] - cu_k[:-1]).max()])
+    max_q, max_k = (int(x) for x in lens.tolist())
+    return max_q, max_k
 
 
 def dense_mask(q_len: int, kv_len: int, *, causal: bool, window: int | None, device) -> torch.Tensor | None:

@@ -108,6 +108,28 @@ def test_bad_cu_seqlens(cu_q, cu_k, message):
         fp8_attention(q, k, v, cu_seqlens_q=as_t(cu_q), cu_seqlens_k=as_t(cu_k))
 
 
+def test_cu_seqlens_checked_again_after_an_in_place_write():
+    # The checks of a pair of cu_seqlens tensors are cached on their identity (once per model
+    # forward); writing into them must trigger the checks again.
+    q, k, v = _qkv()
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    fp8_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    cu[1] = 17
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fp8_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_varlen_max_lengths_read_or_given():
+    from hf_fp8_attention.masking import MaskSpec, varlen_max_lengths
+
+    cu_q, cu_k = torch.tensor([0, 3, 3, 10]), torch.tensor([0, 5, 6, 9])
+    assert varlen_max_lengths(MaskSpec(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)) == (7, 5)
+    given = MaskSpec(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=5)
+    assert varlen_max_lengths(given) == (7, 5)
+    empty = torch.tensor([0])
+    assert varlen_max_lengths(MaskSpec(cu_seqlens_q=empty, cu_seqlens_k=empty)) == (0, 0)
+
+
 def test_cu_seqlens_need_int_tensors_and_batch_one():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="cu_seqlens_q must be a 1-D int32/int64 tensor"):

@@ -223,6 +223,24 @@ def test_padded_batch_equals_unpadded_runs(family, side):
     assert torch.isfinite(padded_grads["model.embed_tokens.weight"]).all()
 
 
+def test_mask_plan_and_length_checks_once_per_forward(monkeypatch):
+    # Planning the varlen batch and checking its cu_seqlens read the device (syncs): every layer of
+    # a forward gets the same mask and position tensors, so both run once per forward.
+    from hf_fp8_attention import functional
+
+    plans, checks = [], []
+    real_plan, real_read = transformers_backend._mask_plan, functional._read_cu_seqlens
+    monkeypatch.setattr(transformers_backend, "_mask_plan", lambda *a: plans.append(1) or real_plan(*a))
+    monkeypatch.setattr(functional, "_read_cu_seqlens", lambda *a: checks.append(1) or real_read(*a))
+    model = tiny_model("llama", num_hidden_layers=3)
+    ids, mask, _ = _padded_batch([40, 29, 21], 40, "right")
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    model(ids, attention_mask=mask, position_ids=position_ids).logits.sum().backward()
+    assert (len(plans), len(checks)) == (1, 1)
+    model(ids, attention_mask=mask.clone(), position_ids=position_ids)  # a new mask: planned again
+    assert (len(plans), len(checks)) == (2, 2)
+
+
 def test_fully_masked_rows_have_no_nan():
     model = tiny_model("mistral")
     ids, mask, _ = _padded_batch([40, 0, 7], 40, "left")

@@ -82,7 +82,24 @@ def _forward_case(name, seed):
         "n_empty_rows": int((~fin).sum()),
         "empty_rows_zero": bool((out.transpose(1, 2)[~fin.transpose(1, 2)] == 0).all()) if (~fin).any() else True,
         "finite": bool(torch.isfinite(out).all()),
+        # Varlen with the longest lengths given on the host (as fp8_attention passes them): the
+        # same launch, bit for bit, without reading cu_seqlens.
+        "host_lengths_same": _host_lengths_same(q, k, v, mask, cfg, bm, out, lse) if cu is not None else True,
     }
+
+
+def _host_lengths_same(q, k, v, mask, cfg, bm, out, lse):
+    import dataclasses
+
+    import torch
+
+    from hf_fp8_attention.kernels.forward import triton_forward
+    from hf_fp8_attention.masking import varlen_max_lengths
+
+    max_q, max_k = varlen_max_lengths(mask)
+    given = dataclasses.replace(mask, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    out2, lse2 = triton_forward(q, k, v, scale=q.shape[-1] ** -0.5, mask=given, config=cfg, block_m=bm)
+    return bool(torch.equal(out, out2) and torch.equal(lse, lse2))
 
 
 def _check_copies(x, out, fmt, pow2, cu, block):
@@ -177,6 +194,7 @@ def interpreter_results():
 def test_forward_kernel_matches_emulation(interpreter_results, name):
     r = interpreter_results[f"fwd/{name}"]
     assert r["finite"], "kernel output has NaN/Inf on finite inputs"
+    assert r["host_lengths_same"], "max_seqlen given on the host changed the result"
     assert r["lse_inf_same"], "rows without a visible key differ (LSE -inf pattern)"
     assert r["empty_rows_zero"], "rows without a visible key must output 0"
     assert r["lse_max"] <= 2e-5, r

@@ -20,9 +20,9 @@ or from ``position_ids`` restarting among a row's valid tokens (in any forward w
 all its keys, i.e. also a prefill that fills a KV cache), with or without padding: packed
 sequences never see each other (sdpa lets them leak when ``use_cache=True`` or when a padding mask
 is also given). A static cache longer than the mask
-is cut to the mask's length (as Transformers' flash path does). Planning the varlen batch reads a
-few sizes on the host (one device sync per layer on padded or packed batches, as FlashAttention-2
-in Transformers); plain causal batches take the dense path without any.
+is cut to the mask's length (as Transformers' flash path does). Planning the varlen batch (and
+checking for packing) reads a few values on the host, i.e. device syncs; it is done once per
+model forward, since every layer gets the same mask and position tensors (:mod:`..identity_cache`).
 
 The recipe is bound per registered name: ``"fp8_delta"`` / ``"fp8_stale"`` use
 ``RECIPES[name]``; :func:`register_fp8_attention` adds a name with any :class:`FP8AttentionConfig`.
@@ -44,7 +44,8 @@ from transformers.utils import logging
 
 from ..config import RECIPES, FP8AttentionConfig
 from ..functional import fp8_attention
-from .varlen import pack, plan_varlen, segments_from_positions, unpack
+from ..identity_cache import IdentityCache
+from .varlen import VarlenPlan, pack, plan_varlen, segments_from_positions, unpack
 
 logger = logging.get_logger(__name__)
 
@@ -162,6 +163,27 @@ def _explicit_cu_seqlens(kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | No
     return cu_q.to(torch.int32), cu_k.to(torch.int32)
 
 
+# Every layer of a forward gets the same attention_mask and position_ids objects: the plan below
+# reads them on the host (device syncs), so it is made once per forward, not once per layer.
+_MASK_PLANS = IdentityCache(maxsize=4)
+
+
+def _mask_plan(attention_mask, position_ids, batch, q_len, kv_len, device) -> tuple[int, VarlenPlan | None]:
+    """``(keys to keep, varlen plan)`` of one forward's padding and packing; plan None: dense path.
+
+    Keys beyond the 2D mask's length (a static cache longer than the tokens seen so far) are cut.
+    """
+    valid = _padding_mask(attention_mask, kv_len)
+    if valid is not None:
+        kv_len = valid.shape[1]
+    segments = _packed_segments(position_ids, valid, batch, q_len, kv_len, device)
+    if valid is None and segments is None:
+        return kv_len, None
+    if valid is None:
+        valid = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+    return kv_len, plan_varlen(valid.to(device), q_len, segments)
+
+
 def fp8_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -201,19 +223,17 @@ def fp8_attention_forward(
         out = fp8_attention(query, key, value, cu_seqlens_q=explicit[0], cu_seqlens_k=explicit[1], **call)
         return out.transpose(1, 2).contiguous(), None
 
-    valid = _padding_mask(attention_mask, key.shape[2])
-    if valid is not None and valid.shape[1] < key.shape[2]:
+    position_ids = kwargs.get("position_ids")
+    kv_len, plan = _MASK_PLANS.get(
+        (attention_mask, position_ids), (batch, q_len, key.shape[2], query.device),
+        lambda: _mask_plan(attention_mask, position_ids, batch, q_len, key.shape[2], query.device),
+    )
+    if kv_len < key.shape[2]:
         # A static cache is longer than the tokens seen so far: its tail holds no keys yet.
-        key, value = key[:, :, : valid.shape[1]], value[:, :, : valid.shape[1]]
-    kv_len = key.shape[2]
-    segments = _packed_segments(kwargs.get("position_ids"), valid, batch, q_len, kv_len, query.device)
-    if valid is None and segments is None:
+        key, value = key[:, :, :kv_len], value[:, :, :kv_len]
+    if plan is None:
         out = fp8_attention(query, key, value, **call)  # dense path: plain causal (+ window)
         return out.transpose(1, 2).contiguous(), None
-
-    if valid is None:
-        valid = torch.ones(batch, kv_len, dtype=torch.bool, device=query.device)
-    plan = plan_varlen(valid.to(query.device), q_len, segments)
     if plan.has_holes and window is not None:
         raise NotImplementedError(
             "FP8 attention: the padding mask has holes inside a sequence and this layer uses a sliding window; "

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
-from ..masking import MaskSpec
+from ..masking import MaskSpec, varlen_max_lengths
 from .backward_prequant import _bwd_dkdv_prequant_kernel, _bwd_dq_prequant_kernel, _fold_matched_stats, _seq
 from .backward_quant import quant_cols, quant_rows
 from .quantize import COMPILE_OPTIONS, Copies, interpreting, padded_head_dim, quantize_operands
@@ -441,8 +441,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         cu_q = mask.cu_seqlens_q.to(device=dev, dtype=torch.int32).contiguous()
         cu_k = mask.cu_seqlens_k.to(device=dev, dtype=torch.int32).contiguous()
         n_seq = cu_q.numel() - 1
-        max_q = int((cu_q[1:] - cu_q[:-1]).max()) if n_seq else 0
-        max_k = int((cu_k[1:] - cu_k[:-1]).max()) if n_seq else 0
+        max_q, max_k = varlen_max_lengths(mask) if n_seq else (0, 0)
         alloc = torch.zeros  # tokens outside every sequence get zero gradients
     else:
         cu_q = cu_k = lse  # dummies, never read (the kernels load them only when VARLEN)

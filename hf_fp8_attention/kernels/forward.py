@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..config import FP8AttentionConfig
-from ..masking import MaskSpec
+from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
 from .tiles import cdiv, check_compiled_blocks, split_tiles
 from .quantize import (
@@ -298,10 +298,7 @@ def triton_forward(
     varlen = mask.is_varlen
     max_q = max_k = None
     if varlen:
-        # One host sync per call; the custom op hides it from torch.compile.
-        lens_q = mask.cu_seqlens_q[1:] - mask.cu_seqlens_q[:-1]
-        lens_k = mask.cu_seqlens_k[1:] - mask.cu_seqlens_k[:-1]
-        max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
+        max_q, max_k = varlen_max_lengths(mask)
     # K's row-wise copy (F1) and V's transposed channel-wise copy (F2), one launch.
     (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
         (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
