@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark,
-# the quantization benchmark and the host-overhead benchmark.
+# the quantization benchmark, the host-overhead benchmark and the model-step benchmark.
 # Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
 #   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
 # Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
@@ -30,6 +30,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python benchmarks/host_overhead.py --cudagraphs --tag "${tag}_host_overhead" 2>&1 | tee "$OUT/host_overhead.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
   cp "benchmarks/results/${tag}_host_overhead.md" "$OUT"/ 2>/dev/null
+  # One training step of a small Llama per attention backend (dense and padded batches).
+  python benchmarks/model_step.py --tag "${tag}_model_step" 2>&1 | tee "$OUT/model_step.log"
+  bench_rc=$(( bench_rc || PIPESTATUS[0] ))
+  cp "benchmarks/results/${tag}_model_step.md" "$OUT"/ 2>/dev/null
 fi
 echo "gpu_suite: pytest rc=$test_rc, bench rc=$bench_rc"
 exit $(( test_rc != 0 || bench_rc != 0 ))
