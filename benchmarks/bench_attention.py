@@ -257,12 +257,17 @@ def main(argv=None) -> int:
     env, rows = run(args)
     text = render(env, rows, args)
     tag = args.tag or (env["gpu"].replace(" ", "_").lower() + "_" + env["date_utc"][:10])
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{tag}.md").write_text(text)
-    (args.out_dir / f"{tag}.json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
-                                                          "rows": rows}, indent=1))
-    print(text)
+    write_results(args.out_dir, tag, text, {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows})
     return 0
+
+
+def write_results(out_dir, tag: str, text: str, data: dict) -> None:
+    """Write ``<out_dir>/<tag>.md`` (the table) and ``.json`` (``data``), and print the table."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{tag}.md").write_text(text)
+    (out / f"{tag}.json").write_text(json.dumps(data, indent=1))
+    print(text)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Writes ``<out-dir>/<tag>.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_attention import environment  # noqa: E402
+from bench_attention import environment, write_results  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig, fp8_attention  # noqa: E402
 
@@ -142,12 +141,7 @@ def main(argv=None) -> int:
         return 2
     env = environment()
     rows = run(args.calls, args.cudagraphs)
-    text = render(env, rows)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.md").write_text(text)
-    (out / f"{args.tag}.json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
-    print(text)
+    write_results(args.out_dir, args.tag, render(env, rows), {"env": env, "rows": rows})
     return 0
 
 

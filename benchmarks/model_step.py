@@ -14,7 +14,6 @@ Prints a table of milliseconds per step and writes ``<out-dir>/<tag>.md`` / ``.j
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hf_fp8_attention  # noqa: E402,F401  (registers the fp8_* backends)
-from bench_attention import environment  # noqa: E402
+from bench_attention import environment, write_results  # noqa: E402
+
+
+KINDS = ("dense", "padded")
 
 
 def _model(impl: str, layers: int, hidden: int, heads: int, kv_heads: int):
@@ -62,10 +64,43 @@ def step_ms(model, batch, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1e3
 
 
+def run(args) -> list[dict]:
+    rows = []
+    for impl in args.impls:
+        model = _model(impl, args.layers, args.hidden, args.heads, args.kv_heads)
+        for b, s in args.shapes:
+            for kind in KINDS:
+                ms = step_ms(model, _batch(kind, b, s), args.steps)
+                rows.append({"impl": impl, "batch": b, "seq": s, "kind": kind, "ms": ms})
+                print(f"{impl:10s} B={b} S={s} {kind:6s} {ms:8.2f} ms/step", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+def render(env: dict, rows: list[dict], args) -> str:
+    ms = {(r["impl"], r["batch"], r["seq"], r["kind"]): r["ms"] for r in rows}
+    lines = [f"# One training step of a {args.layers}-layer Llama (hidden {args.hidden}, {args.heads} heads, "
+             f"{args.kv_heads} kv heads, bf16) — {env['gpu']}", "",
+             " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "cuda", "python", "date_utc")), "",
+             "ms per step (forward + backward, loss over all tokens); padded: rows 100/75/50/25% valid.", "",
+             "| B | S | batch | " + " | ".join(args.impls) + " |", "|---|---|---|" + "---|" * len(args.impls)]
+    for b, s in args.shapes:
+        for kind in KINDS:
+            lines.append(f"| {b} | {s} | {kind} | " + " | ".join(f"{ms[(i, b, s, kind)]:.2f}" for i in args.impls) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _shape(text: str) -> tuple[int, int]:
+    b, s = text.split("x")
+    return int(b), int(s)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--impls", default="fp8_delta,sdpa")
-    p.add_argument("--shapes", default="8x512,4x1024,2x2048", help="batch x seq, comma-separated")
+    p.add_argument("--impls", type=lambda t: t.split(","), default=["fp8_delta", "sdpa"])
+    p.add_argument("--shapes", type=lambda t: [_shape(x) for x in t.split(",")], default=[(8, 512), (4, 1024), (2, 2048)],
+                   help="batch x seq, comma-separated (default 8x512,4x1024,2x2048)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)
@@ -78,35 +113,8 @@ def main(argv=None) -> int:
         print("model_step: needs a CUDA GPU", file=sys.stderr)
         return 2
     env = environment()
-    rows = []
-    for impl in args.impls.split(","):
-        model = _model(impl, args.layers, args.hidden, args.heads, args.kv_heads)
-        for shape in args.shapes.split(","):
-            b, s = (int(x) for x in shape.split("x"))
-            for kind in ("dense", "padded"):
-                ms = step_ms(model, _batch(kind, b, s), args.steps)
-                rows.append({"impl": impl, "batch": b, "seq": s, "kind": kind, "ms": ms})
-                print(f"{impl:10s} B={b} S={s} {kind:6s} {ms:8.2f} ms/step", flush=True)
-        del model
-        torch.cuda.empty_cache()
-    lines = [f"# One training step of a {args.layers}-layer Llama (hidden {args.hidden}, {args.heads} heads, "
-             f"{args.kv_heads} kv heads, bf16) — {env['gpu']}", "",
-             " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "cuda", "python", "date_utc")), "",
-             "ms per step (forward + backward, loss over all tokens); padded: rows 100/75/50/25% valid.", "",
-             "| B | S | batch | " + " | ".join(args.impls.split(",")) + " |",
-             "|---|---|---|" + "---|" * len(args.impls.split(","))]
-    for shape in args.shapes.split(","):
-        b, s = (int(x) for x in shape.split("x"))
-        for kind in ("dense", "padded"):
-            cells = [f"{r['ms']:.2f}" for i in args.impls.split(",") for r in rows
-                     if (r["impl"], r["batch"], r["seq"], r["kind"]) == (i, b, s, kind)]
-            lines.append(f"| {b} | {s} | {kind} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.tag}.md").write_text(text)
-    (out / f"{args.tag}.json").write_text(json.dumps({"env": env, "args": vars(args), "rows": rows}, indent=1))
-    print(text)
+    rows = run(args)
+    write_results(args.out_dir, args.tag, render(env, rows, args), {"env": env, "args": vars(args), "rows": rows})
     return 0
 
 
