@@ -7,7 +7,8 @@ running ahead of the GPU. Caching on the tensors' identity computes it once per 
 
 A hit needs the very same live tensor objects with unchanged version counters (an in-place write
 bumps ``tensor._version``), so a freed tensor whose id is reused, or a tensor modified in place,
-is a miss. Entries hold weak references only; the cache never keeps a tensor alive.
+is a miss. Entries hold weak references only; the cache never keeps a tensor alive. Inference
+tensors (``torch.inference_mode``) carry no version counter and are never cached.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class IdentityCache:
     def get(self, tensors: tuple, extra: Hashable, compute: Callable[[], object]):
         if torch.compiler.is_compiling():  # traced code: no host-side state
             return compute()
+        if any(t is not None and t.is_inference() for t in tensors):
+            return compute()  # inference tensors have no version counter: in-place writes would go unseen
         key = (tuple(_identity(t) for t in tensors), extra)
         entry = self._entries.get(key)
         if entry is not None:

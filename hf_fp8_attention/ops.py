@@ -7,7 +7,9 @@
   break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none)
   and the optional ``cu_seqlens`` tensors; the config travels as its canonical string key.
 - The forward op carries its autograd formula (the backward op); :class:`FP8AttentionFunction`
-  is the entry point. The backward saves O only for the stale delta.
+  is the entry point: it calls the ops under torch.compile, and in eager mode runs the same
+  implementations (:func:`run_forward` / :func:`run_backward`) through a plain autograd Function,
+  without the custom-op dispatch. The backward saves O only for the stale delta.
 """
 from __future__ import annotations
 

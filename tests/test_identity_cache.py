@@ -66,3 +66,12 @@ def test_size_is_bounded():
         cache.get((t,), None, compute(i))
     assert cache.get((ts[0],), None, compute("again")) == "again"  # evicted (least recently used)
     assert cache.get((ts[2],), None, compute("no")) == 2
+
+
+def test_inference_tensors_are_not_cached():
+    # torch.inference_mode tensors have no version counter, so an in-place write could not be seen.
+    cache, (calls, compute) = IdentityCache(), _counting()
+    with torch.inference_mode():
+        a = torch.arange(4)
+    assert cache.get((a,), None, compute(1)) == 1
+    assert cache.get((a,), None, compute(2)) == 2
