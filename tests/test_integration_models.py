@@ -241,6 +241,18 @@ def test_mask_plan_and_length_checks_once_per_forward(monkeypatch):
     assert (len(plans), len(checks)) == (2, 2)
 
 
+def test_padded_batch_under_inference_mode():
+    # Inference tensors have no version counter: the mask plan is not cached for them, and the
+    # result equals the no_grad one.
+    model = tiny_model("llama")
+    ids, mask, _ = _padded_batch([40, 29, 21], 40, "left")
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+    with torch.inference_mode():
+        got = model(ids, attention_mask=mask).logits
+    assert torch.equal(got, want)
+
+
 def test_fully_masked_rows_have_no_nan():
     model = tiny_model("mistral")
     ids, mask, _ = _padded_batch([40, 0, 7], 40, "left")
