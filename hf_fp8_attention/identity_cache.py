@@ -8,7 +8,8 @@ running ahead of the GPU. Caching on the tensors' identity computes it once per 
 A hit needs the very same live tensor objects with unchanged version counters (an in-place write
 bumps ``tensor._version``), so a freed tensor whose id is reused, or a tensor modified in place,
 is a miss. Entries hold weak references only; the cache never keeps a tensor alive. Inference
-tensors (``torch.inference_mode``) carry no version counter and are never cached.
+tensors (``torch.inference_mode``) carry no version counter and are never cached. A write that
+bypasses the version counter (through ``tensor.data``) is not seen: pass a new tensor instead.
 """
 from __future__ import annotations
 
