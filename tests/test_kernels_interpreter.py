@@ -218,5 +218,14 @@ def test_quantize_kernel_bit_exact(interpreter_results, name):
         assert any(key.startswith("y_") for key in r), r
 
 
+def test_forward_autotune_key_buckets_the_sequence_length():
+    # The launch tuned on a short call must not serve long ones (and vice versa); lengths of one
+    # power-of-two bucket share a launch, and the bucket count stays small.
+    from hf_fp8_attention.kernels.forward import length_bucket
+
+    assert [length_bucket(n) for n in (0, 1, 17, 256, 257, 700, 1024, 1025, 4097, 8192, 100_000)] == [
+        256, 256, 256, 256, 512, 1024, 1024, 2048, 8192, 8192, 8192]
+
+
 if __name__ == "__main__":
     print(json.dumps(_run_all()))

@@ -200,6 +200,12 @@ def test_autotuned_launch_matches_emulation(monkeypatch):
     q, k, v = _inputs(1, 4, 2, 700, 700, 128, torch.bfloat16, seed=5)
     _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
     assert len(FORWARD_TUNER.choices) == 1 and set(FORWARD_TUNER.choices.values()) <= set(AUTOTUNE_SPACE)
+    # Another length bucket is tuned on its own first call; the same bucket is not tuned again.
+    _check_vs_emulation(*_inputs(1, 4, 2, 3000, 3000, 128, torch.bfloat16, seed=6), MaskSpec(causal=True),
+                        FP8AttentionConfig())
+    _check_vs_emulation(*_inputs(1, 4, 2, 600, 600, 128, torch.bfloat16, seed=7), MaskSpec(causal=True),
+                        FP8AttentionConfig())
+    assert [key[-1] for key in FORWARD_TUNER.choices] == [1024, 4096]
     for cfg in AUTOTUNE_SPACE:
         monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", ",".join(map(str, cfg)))
         _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
