@@ -287,33 +287,28 @@ def gluon_forward(
     return out, lse
 
 
-def main() -> int:
-    """On a Hopper GPU: agreement with ``triton_forward`` on odd shapes, then TFLOP/s of both and of
-    SDPA cuDNN (bf16) at 16k tokens per batch, H = 16, d = 128."""
+def compare_with_triton(forward, name: str) -> int:
+    """On a Hopper GPU: agreement of ``forward`` (``gluon_forward``'s signature) with ``triton_forward``
+    on odd shapes, then TFLOP/s of both and of SDPA cuDNN (bf16) at 16k tokens per batch, H = 16."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
     from hf_fp8_attention.kernels.forward import triton_forward
 
     cfg = FP8AttentionConfig()
-    probe = torch.empty(1, 1, 1, BLOCK_D, device="cuda" if torch.cuda.is_available() else "cpu")
-    reason = unsupported_reason(probe, probe, MaskSpec(), cfg)
-    if reason is not None:
-        print(f"gluon_forward: does not run here ({reason})")
-        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)  # noqa: E731
     for b, hq, hkv, sq, sk in ((2, 4, 2, 1, 1), (2, 4, 2, 17, 17), (1, 4, 2, 1000, 4097), (1, 4, 2, 1000, 300),
                                (2, 8, 8, 2048, 2048)):
         q, k, v = rand(b, hq, sq, BLOCK_D), rand(b, hkv, sk, BLOCK_D), rand(b, hkv, sk, BLOCK_D)
         for causal in (True, False):
-            got, got_lse = gluon_forward(q, k, v, scale=BLOCK_D**-0.5, causal=causal, config=cfg)
+            got, got_lse = forward(q, k, v, scale=BLOCK_D**-0.5, causal=causal, config=cfg)
             want, want_lse = triton_forward(q, k, v, scale=BLOCK_D**-0.5, mask=MaskSpec(causal=causal), config=cfg)
             fin = torch.isfinite(want_lse)
             rel = ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
             dlse = (got_lse[fin] - want_lse[fin]).abs().max().item() if fin.any() else 0.0
             same_empty = torch.equal(torch.isneginf(got_lse), torch.isneginf(want_lse))
-            print(f"check B={b} Hq={hq} Hkv={hkv} Sq={sq} Sk={sk} causal={causal}: rel O {rel:.1e}, "
+            print(f"check {name} B={b} Hq={hq} Hkv={hkv} Sq={sq} Sk={sk} causal={causal}: rel O {rel:.1e}, "
                   f"max |dLSE| {dlse:.1e}, same rows without keys {same_empty}", flush=True)
     for causal in (True, False):
         for s in (4096, 8192, 16384):
@@ -321,17 +316,27 @@ def main() -> int:
             q, k, v = rand(b, 16, s, BLOCK_D), rand(b, 16, s, BLOCK_D), rand(b, 16, s, BLOCK_D)
             flops = 4 * b * 16 * s * s * BLOCK_D / (2 if causal else 1)
             mask = MaskSpec(causal=causal)
-            tf = {  # triton_forward tunes its launch for this length bucket on the first call
-                "gluon": do_bench(lambda: gluon_forward(q, k, v, scale=BLOCK_D**-0.5, causal=causal, config=cfg)),
+            ms = {  # triton_forward tunes its launch for this length bucket on its first call
+                name: do_bench(lambda: forward(q, k, v, scale=BLOCK_D**-0.5, causal=causal, config=cfg)),
                 "triton": do_bench(lambda: triton_forward(q, k, v, scale=BLOCK_D**-0.5, mask=mask, config=cfg)),
             }
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                tf["cudnn"] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                ms["cudnn"] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v,
                                                                                              is_causal=causal))
-            tf = {n: flops / ms / 1e9 for n, ms in tf.items()}
+            tf = {n: flops / t / 1e9 for n, t in ms.items()}
             print(f"TFLOP/s causal={causal} S={s} B={b}: " + ", ".join(f"{n} {x:.0f}" for n, x in tf.items())
-                  + f"; gluon / triton {tf['gluon'] / tf['triton']:.2f}", flush=True)
+                  + f"; {name} / triton {tf[name] / tf['triton']:.2f}", flush=True)
     return 0
+
+
+def main() -> int:
+    cfg = FP8AttentionConfig()
+    probe = torch.empty(1, 1, 1, BLOCK_D, device="cuda" if torch.cuda.is_available() else "cpu")
+    reason = unsupported_reason(probe, probe, MaskSpec(), cfg)
+    if reason is not None:
+        print(f"gluon_forward: does not run here ({reason})")
+        return 2
+    return compare_with_triton(gluon_forward, "gluon")
 
 
 if __name__ == "__main__":
