@@ -87,6 +87,20 @@ if gluon is not None:
         _tma_load(v_desc, [vt_row0, t * BLOCK_N], bar, v_smem.index(slot))
 
     @gluon.jit
+    def _tile_range(m0, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Key tiles the query rows [m0, m0 + BLOCK_M) see: [0, t_hi); [1, f_hi) are visible to all of
+        them (no mask arithmetic). Tile 0 always takes the masked path: it may be the only (diagonal) one."""
+        shift = SK - SQ  # causal diagonal aligned to the end
+        t_hi = gl.cdiv(SK, BLOCK_N)
+        f_hi = SK // BLOCK_N
+        if CAUSAL:
+            last = gl.minimum(m0 + BLOCK_M, SQ) - 1 + shift
+            t_hi = gl.maximum(gl.minimum(t_hi, gl.cdiv(last + 1, BLOCK_N)), 0)
+            f_hi = gl.minimum(f_hi, (m0 + shift + 1) // BLOCK_N)
+        f_hi = gl.maximum(gl.minimum(f_hi, t_hi), 1)
+        return t_hi, f_hi
+
+    @gluon.jit
     def _softmax(s, ks, m_i, l_i, q2, pos_q, t, SK, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                  BLOCK_N: gl.constexpr, LOG2_PMAX: gl.constexpr, mma_layout: gl.constexpr, p_layout: gl.constexpr):
         """Tile t's S = Qc·Kcᵀ (BLOCK_M, BLOCK_N) fp32 → its P codes 448·2^(s − m_T) in fp8 (the A operand
@@ -183,23 +197,14 @@ if gluon is not None:
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [q_row0 + m0, 0], q_bar, q_smem)
 
-        # Key tiles this query tile sees: [0, t_hi); [1, f_hi) are visible to all its rows (no mask
-        # arithmetic). Tile 0 always takes the masked path: it may be the only (diagonal) tile.
-        shift = SK - SQ  # causal diagonal aligned to the end
-        t_hi = gl.cdiv(SK, BLOCK_N)
-        f_hi = SK // BLOCK_N
-        if CAUSAL:
-            last = gl.minimum(m0 + BLOCK_M, SQ) - 1 + shift
-            t_hi = gl.maximum(gl.minimum(t_hi, gl.cdiv(last + 1, BLOCK_N)), 0)
-            f_hi = gl.minimum(f_hi, (m0 + shift + 1) // BLOCK_N)
-        f_hi = gl.maximum(gl.minimum(f_hi, t_hi), 1)
+        t_hi, f_hi = _tile_range(m0, SQ, SK, BLOCK_M, BLOCK_N, CAUSAL)
         for i in gl.static_range(STAGES):
             if i < t_hi:
                 _load_tile(k_desc, v_desc, k_smem, v_smem, bars, i, i, kv_row0, vt_row0, BLOCK_N)
 
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=rows)
         m_ok = offs_m < SQ
-        pos_q = offs_m + shift
+        pos_q = offs_m + (SK - SQ)  # causal diagonal aligned to the end
         q2 = gl.load(q_scales_ptr + q_row0 + offs_m, mask=m_ok, other=1.0) * qk_scale
 
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
@@ -243,15 +248,31 @@ if gluon is not None:
         gl.store(lse_ptr + (b * HQ + h) * SQ + offs_m, lse, mask=m_ok)
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_layouts():
-    """(Q tile, K/Vᵀ tile) NVMMA shared layouts: the swizzle wgmma reads."""
-    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float8e4nv))
-
-
 def _descriptor(codes_2d: torch.Tensor, block: list[int], layout) -> "TensorDescriptor":
     return TensorDescriptor(codes_2d, list(codes_2d.shape), list(codes_2d.stride()), block, layout)
+
+
+def launch_operands(q, k, v, config: FP8AttentionConfig, q_rows: int):
+    """Everything a Gluon forward launch reads, for q ``(B, Hq, Sq, 128)``, k, v ``(B, Hkv, Sk, 128)``:
+    TMA descriptors of the Q / K / Vᵀ codes (Q tiles of ``q_rows`` rows), the fp32 Q / K / V scales,
+    and the outputs ``out (B, Hq, Sq, 128)`` in q's dtype and ``lse (B, Hq, Sq)`` fp32 to fill."""
+    bsz, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    (q_codes, q_scales, _, _, _), = quantize_operands((q, ), (Copies(row=True, col=False, fmt=config.q_format), ),
+                                                      block=BLOCK_N, pow2=config.pow2_scales)
+    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, _) = quantize_operands(
+        (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
+        block=BLOCK_N, pow2=config.pow2_scales)
+    q_layout = gl.NVMMASharedLayout.get_default_for([q_rows, BLOCK_D], gl.float8e4nv)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float8e4nv)
+    # Tiles past the end of a head read the next head's codes (masked: their keys are beyond Sk,
+    # their query rows are not stored) or TMA's zero fill past the end of the tensor.
+    descs = (_descriptor(q_codes.view(bsz * hq * sq, d), [q_rows, BLOCK_D], q_layout),
+             _descriptor(k_codes.view(bsz * hkv * sk, d), [BLOCK_N, BLOCK_D], kv_layout),
+             _descriptor(vt_codes.view(bsz * hkv * d, vt_codes.shape[-1]), [BLOCK_D, BLOCK_N], kv_layout))
+    out = torch.empty(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device)
+    return descs, (q_scales, k_scales, v_scales), out, lse
 
 
 def gluon_forward(
@@ -264,24 +285,12 @@ def gluon_forward(
     Returns:
         ``out (B, Hq, Sq, 128)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
-    bsz, hq, sq, d = q.shape
+    bsz, hq, sq, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
-    (q_codes, q_scales, _, _, _), = quantize_operands((q, ), (Copies(row=True, col=False, fmt=config.q_format), ),
-                                                      block=BLOCK_N, pow2=config.pow2_scales)
-    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, _) = quantize_operands(
-        (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
-        block=BLOCK_N, pow2=config.pow2_scales)
-    q_layout, kv_layout = _shared_layouts()
-    # Tiles past the end of a head read the next head's codes (masked: their keys are beyond Sk,
-    # their query rows are not stored) or TMA's zero fill past the end of the tensor.
-    q_desc = _descriptor(q_codes.view(bsz * hq * sq, d), [BLOCK_M, BLOCK_D], q_layout)
-    k_desc = _descriptor(k_codes.view(bsz * hkv * sk, d), [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = _descriptor(vt_codes.view(bsz * hkv * d, vt_codes.shape[-1]), [BLOCK_D, BLOCK_N], kv_layout)
-    out = torch.empty(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device)
+    descs, scales, out, lse = launch_operands(q, k, v, config, BLOCK_M)
     _fwd_kernel[(triton.cdiv(sq, BLOCK_M), bsz * hq)](
-        q_desc, k_desc, v_desc, q_scales, k_scales, v_scales, out, out.stride(0), out.stride(1), out.stride(2), lse,
-        hq, hkv, sq, sk, v_scales.shape[2], float(scale) * LOG2E,
+        *descs, *scales, out, out.stride(0), out.stride(1), out.stride(2), lse,
+        hq, hkv, sq, sk, scales[2].shape[2], float(scale) * LOG2E,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, CAUSAL=bool(causal), STAGES=STAGES,
         LOG2_PMAX=math.log2(config.p_format.max), num_warps=NUM_WARPS)
     return out, lse
@@ -289,13 +298,19 @@ def gluon_forward(
 
 def compare_with_triton(forward, name: str) -> int:
     """On a Hopper GPU: agreement of ``forward`` (``gluon_forward``'s signature) with ``triton_forward``
-    on odd shapes, then TFLOP/s of both and of SDPA cuDNN (bf16) at 16k tokens per batch, H = 16."""
+    on odd shapes, then TFLOP/s of both and of SDPA cuDNN (bf16) at 16k tokens per batch, H = 16.
+    Returns 2 (and says why) where the Gluon kernels cannot run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
     from hf_fp8_attention.kernels.forward import triton_forward
 
     cfg = FP8AttentionConfig()
+    probe = torch.empty(1, 1, 1, BLOCK_D, device="cuda" if torch.cuda.is_available() else "cpu")
+    reason = unsupported_reason(probe, probe, MaskSpec(), cfg)
+    if reason is not None:
+        print(f"{name}: does not run here ({reason})")
+        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)  # noqa: E731
     for b, hq, hkv, sq, sk in ((2, 4, 2, 1, 1), (2, 4, 2, 17, 17), (1, 4, 2, 1000, 4097), (1, 4, 2, 1000, 300),
@@ -329,15 +344,5 @@ def compare_with_triton(forward, name: str) -> int:
     return 0
 
 
-def main() -> int:
-    cfg = FP8AttentionConfig()
-    probe = torch.empty(1, 1, 1, BLOCK_D, device="cuda" if torch.cuda.is_available() else "cpu")
-    reason = unsupported_reason(probe, probe, MaskSpec(), cfg)
-    if reason is not None:
-        print(f"gluon_forward: does not run here ({reason})")
-        return 2
-    return compare_with_triton(gluon_forward, "gluon")
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(compare_with_triton(gluon_forward, "gluon_forward"))

@@ -32,29 +32,14 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gluon_forward import (  # noqa: E402  (the shared pieces of the non-specialized kernel)
-    BLOCK_D, BLOCK_N, LOG2E, Copies, FP8AttentionConfig, MaskSpec, _descriptor, gluon, quantize_operands,
-    unsupported_reason,
+    BLOCK_D, BLOCK_N, LOG2E, FP8AttentionConfig, compare_with_triton, gluon, launch_operands,
 )
 
 WS_BLOCK_M, WS_STAGES = 128, 3  # two consumer warpgroups of 64 rows; K/V ring depth
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 232, 24, 168  # 4 + 4 + 1 (-> 4) warps: 128·(168·12) <= 64K
 
 if gluon is not None:
-    from gluon_forward import _softmax, _tma_load, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
-
-    @gluon.jit
-    def _tile_range(m0, SQ, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Key tiles the CTA's query rows [m0, m0 + BLOCK_M) see: [0, t_hi); [1, f_hi) are visible to
-        all of them (tile 0 always takes the masked path)."""
-        shift = SK - SQ  # causal diagonal aligned to the end
-        t_hi = gl.cdiv(SK, BLOCK_N)
-        f_hi = SK // BLOCK_N
-        if CAUSAL:
-            last = gl.minimum(m0 + BLOCK_M, SQ) - 1 + shift
-            t_hi = gl.maximum(gl.minimum(t_hi, gl.cdiv(last + 1, BLOCK_N)), 0)
-            f_hi = gl.minimum(f_hi, (m0 + shift + 1) // BLOCK_N)
-        f_hi = gl.maximum(gl.minimum(f_hi, t_hi), 1)
-        return t_hi, f_hi
+    from gluon_forward import _softmax, _tile_range, _tma_load, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty,
@@ -162,24 +147,6 @@ if gluon is not None:
         gl.store(lse_ptr + lse_row0 + offs_m, lse, mask=m_ok)
 
     @gluon.jit
-    def _consumer_0(q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr, lse_ptr,
-                    m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                    LOG2_PMAX: gl.constexpr):
-        _consumer(q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr, lse_ptr, m0,
-                  q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, 0, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, STAGES,
-                  LOG2_PMAX)
-
-    @gluon.jit
-    def _consumer_1(q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr, lse_ptr,
-                    m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                    LOG2_PMAX: gl.constexpr):
-        _consumer(q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr, lse_ptr, m0,
-                  q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, 1, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, STAGES,
-                  LOG2_PMAX)
-
-    @gluon.jit
     def _ws_fwd_kernel(
         q_desc, k_desc, v_desc,  # TMA descriptors of the codes: Q (B·Hq·Sq, D), K (B·Hkv·Sk, D), Vᵀ (B·Hkv·D, S_pad)
         q_scales_ptr, k_scales_ptr, v_scales_ptr,  # fp32 scales: Q (B·Hq·Sq), K (B·Hkv·Sk), V (B·Hkv·NT·D)
@@ -218,45 +185,30 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
 
         lse_row0 = (b * HQ + h) * SQ
-        # (constexprs go into the partitions' argument tuples as literals: a tuple built in a
-        # variable first turns them into tensors)
+        # Constexprs go into the partitions' argument tuples as literals: a tuple built in a
+        # variable first turns them into tensors.
         gl.warp_specialize([
-            (_consumer_0, (q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr,
-                           lse_ptr, m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, BLOCK_M, BLOCK_N, BLOCK_D,
-                           CAUSAL, STAGES, LOG2_PMAX)),
-            (_consumer_1, (q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr,
-                           lse_ptr, m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, BLOCK_M, BLOCK_N, BLOCK_D,
-                           CAUSAL, STAGES, LOG2_PMAX)),
+            (_consumer, (q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr,
+                         lse_ptr, m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, 0, BLOCK_M, BLOCK_N, BLOCK_D,
+                         CAUSAL, STAGES, LOG2_PMAX)),
+            (_consumer, (q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr,
+                         lse_ptr, m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, 1, BLOCK_M, BLOCK_N, BLOCK_D,
+                         CAUSAL, STAGES, LOG2_PMAX)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty,
                          k_scales_ptr, v_scales_ptr, m0, q_row0, kv_row0, vt_row0, vs_row0, SQ, SK, BLOCK_M, BLOCK_N,
                          BLOCK_D, CAUSAL, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def _layouts():
-    return (gl.NVMMASharedLayout.get_default_for([WS_BLOCK_M // 2, BLOCK_D], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float8e4nv))
-
-
 def gluon_forward_ws(q, k, v, *, scale: float, causal: bool, config: FP8AttentionConfig):
     """``gluon_forward`` with the warp-specialized kernel: q ``(B, Hq, Sq, 128)``, k, v ``(B, Hkv, Sk,
     128)`` CUDA tensors → ``out (B, Hq, Sq, 128)`` in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
-    bsz, hq, sq, d = q.shape
+    bsz, hq, sq, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
-    (q_codes, q_scales, _, _, _), = quantize_operands((q, ), (Copies(row=True, col=False, fmt=config.q_format), ),
-                                                      block=BLOCK_N, pow2=config.pow2_scales)
-    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, _) = quantize_operands(
-        (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
-        block=BLOCK_N, pow2=config.pow2_scales)
-    q_layout, kv_layout = _layouts()
-    q_desc = _descriptor(q_codes.view(bsz * hq * sq, d), [WS_BLOCK_M // 2, BLOCK_D], q_layout)
-    k_desc = _descriptor(k_codes.view(bsz * hkv * sk, d), [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = _descriptor(vt_codes.view(bsz * hkv * d, vt_codes.shape[-1]), [BLOCK_D, BLOCK_N], kv_layout)
-    out = torch.empty(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device)
+    descs, scales, out, lse = launch_operands(q, k, v, config, WS_BLOCK_M // 2)
     _ws_fwd_kernel[(triton.cdiv(sq, WS_BLOCK_M), bsz * hq)](
-        q_desc, k_desc, v_desc, q_scales, k_scales, v_scales, out, out.stride(0), out.stride(1), out.stride(2), lse,
-        hq, hkv, sq, sk, v_scales.shape[2], float(scale) * LOG2E,
+        *descs, *scales, out, out.stride(0), out.stride(1), out.stride(2), lse,
+        hq, hkv, sq, sk, scales[2].shape[2], float(scale) * LOG2E,
         BLOCK_M=WS_BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, CAUSAL=bool(causal), STAGES=WS_STAGES,
         LOG2_PMAX=math.log2(config.p_format.max), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
         num_warps=4, maxnreg=MAXNREG)
@@ -268,7 +220,8 @@ def compile_offline(causal: bool = True):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    q_layout, kv_layout = _layouts()
+    q_layout = gl.NVMMASharedLayout.get_default_for([WS_BLOCK_M // 2, BLOCK_D], gl.float8e4nv)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_D], gl.float8e4nv)
     desc = lambda shape, lay: f"tensordesc<fp8e4nv[{shape[0]},{shape[1]}],{lay!r}>"  # noqa: E731
     names = list(_ws_fwd_kernel.arg_names)
     sig = {n: "i32" for n in names}
@@ -289,15 +242,7 @@ def main(argv: list[str]) -> int:
             kernel = compile_offline(causal)
             print(f"causal={causal}: compiled for sm_90a, shared memory {kernel.metadata.shared} B", flush=True)
         return 0
-    from gluon_forward import compare_with_triton
-
-    cfg = FP8AttentionConfig()
-    probe = torch.empty(1, 1, 1, BLOCK_D, device="cuda" if torch.cuda.is_available() else "cpu")
-    reason = unsupported_reason(probe, probe, MaskSpec(), cfg)
-    if reason is not None:
-        print(f"gluon_forward_ws: does not run here ({reason})")
-        return 2
-    return compare_with_triton(gluon_forward_ws, "gluon_ws")
+    return compare_with_triton(gluon_forward_ws, "gluon_forward_ws")
 
 
 if __name__ == "__main__":
