@@ -10,13 +10,13 @@ test whether explicit asynchrony beats the Triton kernel:
 Same maths and codes as the Triton kernel (Q quantized by the package's quantizer in one more
 launch); on the H200 the outputs agree with ``triton_forward`` to 2e-5 relative, LSE to 0.
 
-Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Sixth session"): correct, but 0.80-0.88x the
-autotuned Triton forward (causal 403 vs 476 TFLOP/s at S = 8k, non-causal 460 vs 556), so the
-package does not use it. 128-row tiles over two warpgroups were slower still (the CTA-wide barrier
-before each ring refill keeps the two warpgroups in lockstep), and per-tile scale vectors by 1-D
-TMA fault (illegal instruction) whenever a head's scales start at an element offset that is not a
-multiple of 4. Next: warp specialization (a TMA producer warp, two consumer warpgroups in
-ping-pong), which needs neither the CTA barrier nor the in-loop scale loads.
+Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Sixth session"): correct, but 0.79-0.88x the
+autotuned Triton forward at S >= 4k (causal 403 vs 476 TFLOP/s at S = 8k, non-causal 460 vs 556),
+so the package does not use it. 128-row tiles over two warpgroups were slower still (the CTA-wide
+barrier before each ring refill keeps the two warpgroups in lockstep), and per-tile scale vectors
+by 1-D TMA fault (illegal instruction) whenever a head's scales start at an element offset that is
+not a multiple of 4. Next: ``gluon_forward_ws.py`` (a TMA producer warp, two consumer warpgroups),
+which needs neither the CTA barrier nor the in-loop scale loads.
 
     python benchmarks/experiments/gluon_forward.py             # on a Hopper GPU: check, then A/B
 """

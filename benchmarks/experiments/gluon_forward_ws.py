@@ -1,7 +1,7 @@
 """EXPERIMENT (not used by the package; compiled for sm_90a offline, never run on a GPU): the
 warp-specialized version of ``gluon_forward.py``.
 
-Why: the non-specialized Gluon kernel ran at 0.78-0.87x the Triton forward. With 128-row tiles it
+Why: the non-specialized Gluon kernel ran at 0.79-0.88x the Triton forward. With 128-row tiles it
 needed a CTA-wide barrier before every refill of the K/V ring (both warpgroups read each slot),
 which kept its two warpgroups in lockstep; with 64-row tiles every CTA streams all of K and V from
 L2 on its own, and each warpgroup issues its own TMA and loads its own scale vectors on the
