@@ -185,8 +185,8 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
 
         lse_row0 = (b * HQ + h) * SQ
-        # Constexprs go into the partitions' argument tuples as literals: a tuple built in a
-        # variable first turns them into tensors.
+        # The constexprs are written into each partition's argument tuple directly: passing them
+        # through a tuple variable did not compile with Triton 3.6.
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, ks_smem, vs_smem, q_bars, ready, empty, q_scales_ptr, out_ptr,
                          lse_ptr, m0, q_row0, lse_row0, out_off, sos, SQ, SK, qk_scale, 0, BLOCK_M, BLOCK_N, BLOCK_D,
