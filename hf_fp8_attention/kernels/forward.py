@@ -41,7 +41,7 @@ import triton.language as tl
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
-from .tiles import cdiv, check_compiled_blocks, split_tiles
+from .tiles import cdiv, check_compiled_blocks, next_pow2, split_tiles
 from .quantize import (
     COMPILE_OPTIONS, Copies, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
     scale_from_amax, to_fp8,
@@ -246,7 +246,7 @@ def length_bucket(n: int) -> int:
     [256, 8192]. Without it the first call's length chose the launch for every length: tuned on a
     17-token call, the 8k-token causal forward ran at 390 instead of 475 TFLOP/s on the H200
     (benchmarks/NOTES.md)."""
-    return min(max(1 << max(n - 1, 0).bit_length(), 256), 8192)
+    return min(max(next_pow2(n), 256), 8192)
 
 
 @functools.lru_cache(maxsize=64)

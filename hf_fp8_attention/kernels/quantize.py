@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..config import FP8Format
-from .tiles import cdiv
+from .tiles import cdiv, next_pow2
 
 _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 
@@ -252,7 +252,7 @@ def _quantize_kernel(
 
 def padded_head_dim(d: int) -> int:
     """The head dim the kernels compute with (a power of two: 64 -> 64, 96 -> 128, 128 -> 128)."""
-    return 1 << max(d - 1, 0).bit_length()
+    return next_pow2(d)
 
 
 def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tuple[torch.Tensor | None, int]:

@@ -24,6 +24,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), in plain Python like :func:`cdiv`."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 # The recipe's blocks are contraction lengths of FP8 MMAs (keys in F2 and B4, queries in B3 and B5),
 # and Triton's FP8 tl.dot needs K >= 32 (Hopper's FP8 wgmma contracts 32 elements per instruction).
 MIN_COMPILED_BLOCK = 32
