@@ -246,11 +246,15 @@ def _flat_mask(mask: MaskSpec) -> tuple:
     return bool(mask.causal), window, mask.cu_seqlens_q, mask.cu_seqlens_k
 
 
+def _saved_for_backward(q, k, v, lse, out, config: FP8AttentionConfig) -> tuple:
+    """What both autograd formulas save: O only for the stale delta (matched mode never reads it)."""
+    return q, k, v, lse, (out if config.delta is DeltaMode.STALE else None)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, scale, causal, window, cu_q, cu_k, key = inputs
     out, lse = output
-    keep_out = _config_from_key(key).delta is DeltaMode.STALE  # matched mode never reads O
-    ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
+    ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, _config_from_key(key)))
     ctx.args = (scale, causal, window, cu_q, cu_k, key)
     ctx.set_materialize_grads(False)  # an unused LSE output must arrive as None, not zeros
 
@@ -280,8 +284,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
         out, lse = run_forward(q, k, v, scale, mask, config)
-        keep_out = config.delta is DeltaMode.STALE  # matched mode never reads O
-        ctx.save_for_backward(q, k, v, lse, out if keep_out else None)
+        ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, config))
         ctx.args = (scale, mask, config)
         return out
 
