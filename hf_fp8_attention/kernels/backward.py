@@ -441,7 +441,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         cu_q = mask.cu_seqlens_q.to(device=dev, dtype=torch.int32).contiguous()
         cu_k = mask.cu_seqlens_k.to(device=dev, dtype=torch.int32).contiguous()
         n_seq = cu_q.numel() - 1
-        max_q, max_k = varlen_max_lengths(mask) if n_seq else (0, 0)
+        max_q, max_k = varlen_max_lengths(mask)  # (0, 0) without sequences
         alloc = torch.zeros  # tokens outside every sequence get zero gradients
     else:
         cu_q = cu_k = lse  # dummies, never read (the kernels load them only when VARLEN)
