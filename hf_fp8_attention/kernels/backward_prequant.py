@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .backward_quant import _round_to_fp8_grid
+from .backward_quant import cast_saturating
 from .quantize import abs_max, scale_from_amax
 from .tiles import split_tiles
 
@@ -47,10 +47,7 @@ def _quant_tile(x, AXIS: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexpr
         xs = x * inv[:, None]
     else:
         xs = x * inv[None, :]
-    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
-    if INTERPRET:
-        xs = _round_to_fp8_grid(xs, FMT_MAX)
-    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale
+    return cast_saturating(xs, FMT_MAX, DTYPE, INTERPRET), scale
 
 
 @triton.jit

@@ -7,7 +7,8 @@ They reproduce :func:`hf_fp8_attention.quant.quantize` on one tile held in regis
     scale = max(amax / FMT_MAX, 2^-126)   (IEEE division, as torch; tiny floor as quant.py)
             optionally rounded up to a power of two (exact: a bit trick, no log2 approximation)
             1 where amax == 0
-    code  = fp8(clamp(x / scale, ±FMT_MAX))
+    code  = fp8(clamp(x / scale, ±FMT_MAX))   (the clamp is the cast's own saturation on GPU:
+            :func:`cast_saturating`)
 
 (amax and scale: :func:`.quantize.abs_max` and :func:`.quantize.scale_from_amax`, shared with the
 quantization kernel of the forward.)
@@ -47,22 +48,30 @@ def _round_to_fp8_grid(x, FMT_MAX: tl.constexpr):
 
 
 @triton.jit
+def cast_saturating(xs, FMT_MAX: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 ``xs`` = x · (1/scale) or x / scale of a block with scale = amax / FMT_MAX -> fp8 codes,
+    as ``fp8(clamp(xs, ±FMT_MAX))`` with NaN kept NaN.
+
+    GPU: Triton lowers the RNE cast to ``cvt.rn.satfinite``, which saturates by itself; an explicit
+    clamp would cost two min/max per element (11% of the dQ loop's instructions on sm_90, see
+    benchmarks/NOTES.md). It is a no-op there anyway: |xs| exceeds FMT_MAX by at most an ulp or two,
+    which rounds to FMT_MAX in either format. Interpreter: its cast neither saturates nor rounds
+    once, so clamp, then round onto the grid in fp32.
+    """
+    if INTERPRET:
+        xs = _round_to_fp8_grid(tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX), FMT_MAX)
+    return xs.to(DTYPE, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def quant_rows(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
     """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (R,) fp32): one scale per row."""
     scale = scale_from_amax(abs_max(x, 1), FMT_MAX, POW2)
-    xs = tl.math.div_rn(x, scale[:, None])
-    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
-    if INTERPRET:
-        xs = _round_to_fp8_grid(xs, FMT_MAX)
-    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale
+    return cast_saturating(tl.math.div_rn(x, scale[:, None]), FMT_MAX, DTYPE, INTERPRET), scale
 
 
 @triton.jit
 def quant_cols(x, FMT_MAX: tl.constexpr, POW2: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr = False):
     """x (R, C) fp32 -> (codes (R, C) DTYPE, scales (C,) fp32): one scale per column."""
     scale = scale_from_amax(abs_max(x, 0), FMT_MAX, POW2)
-    xs = tl.math.div_rn(x, scale[None, :])
-    xs = tl.minimum(tl.maximum(xs, -FMT_MAX), FMT_MAX)
-    if INTERPRET:
-        xs = _round_to_fp8_grid(xs, FMT_MAX)
-    return xs.to(DTYPE, fp_downcast_rounding="rtne"), scale
+    return cast_saturating(tl.math.div_rn(x, scale[None, :]), FMT_MAX, DTYPE, INTERPRET), scale
