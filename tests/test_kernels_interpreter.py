@@ -227,5 +227,14 @@ def test_forward_autotune_key_buckets_the_sequence_length():
         256, 256, 256, 256, 512, 1024, 1024, 2048, 8192, 8192, 8192]
 
 
+def test_forward_autotune_key_buckets_the_grid():
+    # A launch tuned on a call that leaves most SMs idle must not serve one that fills them many
+    # times over (same length bucket, 64 vs 4096 query-tile programs on 132 SMs).
+    from hf_fp8_attention.kernels.forward import wave_bucket
+
+    assert [wave_bucket(n, 132) for n in (0, 1, 64, 132, 133, 264, 265, 4096, 10**6)] == [
+        1, 1, 1, 1, 2, 2, 4, 16, 16]
+
+
 if __name__ == "__main__":
     print(json.dumps(_run_all()))

@@ -237,7 +237,7 @@ def _pinned_launch() -> tuple[int, int, int] | None:
 
 
 # The autotuner's choice per (block_k, padded head dim, causal, window, varlen, pow2, dtype,
-# length bucket); FORWARD_TUNER.choices is what benchmarks report.
+# length bucket, wave bucket); FORWARD_TUNER.choices is what benchmarks report.
 FORWARD_TUNER = LaunchTuner("triton_forward", AUTOTUNE_SPACE)
 
 
@@ -247,6 +247,20 @@ def length_bucket(n: int) -> int:
     17-token call, the 8k-token causal forward ran at 390 instead of 475 TFLOP/s on the H200
     (benchmarks/NOTES.md)."""
     return min(max(next_pow2(n), 256), 8192)
+
+
+def wave_bucket(programs: int, sm_count: int) -> int:
+    """The grid part of the autotune key: how many waves of 64-row query tiles the call fills on
+    ``sm_count`` multiprocessors, rounded up to a power of two within [1, 16]. Without it, a length
+    bucket kept the launch tuned on its first call whatever that call's batch·heads: tuned on
+    (B=1, H=4, Sq=1000, Sk=4097), 64 programs on 132 SMs, the same bucket then ran the 8k causal
+    forward with B·H = 32 at 351 instead of 476-480 TFLOP/s on the H200 (benchmarks/NOTES.md)."""
+    return min(next_pow2(cdiv(max(programs, 1), sm_count)), 16)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=64)
@@ -346,7 +360,8 @@ def triton_forward(
     else:
         pinned = _pinned_launch()
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype,
-               length_bucket(max(rows, max_k if varlen else sk)))
+               length_bucket(max(rows, max_k if varlen else sk)),
+               wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch))
     return out, lse
 

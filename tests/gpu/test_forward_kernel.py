@@ -193,7 +193,7 @@ def test_quantize_kernel_is_bit_exact(fmt):
 def test_autotuned_launch_matches_emulation(monkeypatch):
     # The unpinned path: the launch tuner times every candidate on the first call of a key, keeps
     # one, and every candidate it may keep gives the emulation's result within the bound.
-    from hf_fp8_attention.kernels.forward import AUTOTUNE_SPACE, FORWARD_TUNER
+    from hf_fp8_attention.kernels.forward import AUTOTUNE_SPACE, FORWARD_TUNER, wave_bucket
 
     monkeypatch.delenv("HF_FP8_ATTENTION_FWD_CONFIG")
     monkeypatch.setattr(FORWARD_TUNER, "choices", {})
@@ -205,7 +205,9 @@ def test_autotuned_launch_matches_emulation(monkeypatch):
                         FP8AttentionConfig())
     _check_vs_emulation(*_inputs(1, 4, 2, 600, 600, 128, torch.bfloat16, seed=7), MaskSpec(causal=True),
                         FP8AttentionConfig())
-    assert [key[-1] for key in FORWARD_TUNER.choices] == [1024, 4096]
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    assert [key[-2:] for key in FORWARD_TUNER.choices] == [(1024, wave_bucket(4 * 11, sms)),
+                                                           (4096, wave_bucket(4 * 47, sms))]
     for cfg in AUTOTUNE_SPACE:
         monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", ",".join(map(str, cfg)))
         _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
