@@ -37,6 +37,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec, varlen_max_lengths
@@ -53,9 +54,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _visit_tiles(
     acc, l_i, m_i, q_codes, q_scale2, pos_q,
-    k_base, ks_base, vt_base, vs_base, S_PAD,
+    k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
     t_lo, t_hi, kv_len, window,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
@@ -63,6 +64,11 @@ def _visit_tiles(
 
     ``l`` and ``acc`` are kept in units of PMAX (448): the P codes are 2^(s − m_T + log2 448)
     directly, and the factor cancels in O = acc / l (the LSE subtracts ln 448 at the end).
+
+    TMA (interior tiles of unpacked batches only): the K and Vᵀ code tiles come by TMA
+    through ``k_desc`` (rows of K's codes, 2-D) and ``vt_desc`` (rows of Vᵀ's codes, 2-D) from row
+    ``k_row0`` / ``vt_row0`` and key ``k_start``: no per-thread addresses, fewer instructions and
+    registers than pointer loads. Boundary tiles keep masked pointer loads (zeros past the sequence).
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -77,6 +83,10 @@ def _visit_tiles(
             k_codes = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
             k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
             v_codes = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
+        elif TMA:
+            k_codes = k_desc.load([k_row0 + t * BLOCK_N, 0]).T  # (N, D) tile -> (D, N) view
+            k_scale = tl.load(ks_base + offs_n)
+            v_codes = vt_desc.load([vt_row0, k_start + t * BLOCK_N]).T  # (D, N) tile -> (N, D) view
         else:
             k_codes = tl.load(k_ptrs)
             k_scale = tl.load(ks_base + offs_n)
@@ -117,18 +127,20 @@ def _visit_tiles(
 @triton.jit
 def _fwd_kernel(
     q_ptr, sqb, sqh, sqs, sqd,
-    k_codes_ptr, k_scales_ptr, vt_codes_ptr, v_scales_ptr,
+    k_codes_ptr, k_scales_ptr, vt_codes_ptr, v_scales_ptr, k_desc, vt_desc,
     out_ptr, sob, soh, sos, sod,
     lse_ptr,
     cu_q_ptr, cu_k_ptr, tile_off_ptr,
     HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
     Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
 ):
-    """One program per (query tile, batch·query head). qk_scale = τ·log2 e."""
+    """One program per (query tile, batch·query head). qk_scale = τ·log2 e. ``k_desc`` / ``vt_desc``:
+    TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
+    with TMA (the codes tensors themselves otherwise)."""
     n_m = tl.num_programs(0)
     # Heaviest (last, under a causal mask) query tiles first: better tail balance.
     m_blk = n_m - 1 - tl.program_id(0)
@@ -192,22 +204,24 @@ def _fwd_kernel(
     ks_base = k_scales_ptr + bhk * SK + k_start
     vt_base = vt_codes_ptr + bhk * BLOCK_D * S_PAD + k_start
     vs_base = v_scales_ptr + (bhk * NT + slot0) * BLOCK_D
+    k_row0 = (bhk * SK + k_start).to(tl.int32)  # TMA coordinates are 32-bit
+    vt_row0 = (bhk * BLOCK_D).to(tl.int32)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, t_lo, f_lo, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo, kv_len, window,
+                                 True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, f_lo, f_hi, kv_len, window,
-                                 False, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len, window,
+                                 False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
     acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, f_hi, t_hi, kv_len, window,
-                                 True, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi, kv_len, window,
+                                 True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
                                  P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
@@ -236,7 +250,7 @@ def _pinned_launch() -> tuple[int, int, int] | None:
     return bm, w, st
 
 
-# The autotuner's choice per (block_k, padded head dim, causal, window, varlen, pow2, dtype,
+# The autotuner's choice per (block_k, padded head dim, causal, window, varlen, pow2, dtype, TMA,
 # length bucket, wave bucket); FORWARD_TUNER.choices is what benchmarks report.
 FORWARD_TUNER = LaunchTuner("triton_forward", AUTOTUNE_SPACE)
 
@@ -264,14 +278,29 @@ def _sm_count(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int) -> dict:
+def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int,
+                 tma: bool) -> dict:
     """The forward kernel's constexprs (cached: rebuilt only for a new recipe or mask kind)."""
     return dict(
-        BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), CAUSAL=causal, HAS_WINDOW=has_window,
+        BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), TMA=tma, CAUSAL=causal, HAS_WINDOW=has_window,
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
         **cast_meta(config.p_format, "P"), CVT=cvt,
     )
+
+
+# "0" turns the TMA loads of interior K/V tiles off (A/B comparisons; pointer loads everywhere).
+TMA_ENV = "HF_FP8_ATTENTION_FWD_TMA"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    """Hopper (sm_90) and newer have the tensor memory accelerator; Ada (sm_89) does not."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _use_tma(device: torch.device) -> bool:
+    return not interpreting() and _has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
 
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128)
@@ -339,12 +368,21 @@ def triton_forward(
         n_prog1 = bsz * hq
         rows = sq
     window = -1 if mask.window is None else int(mask.window)
+    # Packed sequences start at any key: a TMA box of Vᵀ whose innermost start coordinate is not
+    # 16-byte aligned faults (illegal instruction, H200), so they keep pointer loads.
+    tma = not varlen and _use_tma(q.device)
+    if tma:  # 2-D views: K's codes (B·Hkv·Sk, DP), Vᵀ's (B·Hkv·DP, Sk_pad); one tile per box
+        dp = k_codes.shape[-1]
+        k_desc = TensorDescriptor.from_tensor(k_codes.view(-1, dp), [bn, dp])
+        vt_desc = TensorDescriptor.from_tensor(vt_codes.view(-1, vt_codes.shape[-1]), [dp, bn])
+    else:
+        k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
     args = (
-        q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, out, *out.stride(), lse,
+        q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
         cu_q, cu_k, tile_off, hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
         float(scale) * LOG2E, window,
     )
-    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode())
+    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma)
     if max(rows, 0) == 0:
         return out, lse
 
@@ -359,7 +397,7 @@ def triton_forward(
         launch((16, 1, 1))
     else:
         pinned = _pinned_launch()
-        key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype,
+        key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch))
