@@ -1,0 +1,79 @@
+"""Summarise an Nsight Compute source page (SASS with warp-stall samples) of one kernel launch.
+
+Input: ``ncu -i REPORT.ncu-rep --page source --csv --print-source sass > K.sass.csv`` (see
+``ncu_target.py``). Prints, for the whole launch, the warp-stall reasons and the executed
+instruction mix, then for its hottest loop body (the instructions that share the execution count
+with the largest share of all executed instructions: the interior tile loop) the opcode counts per
+warp and iteration, which is what an issue-bound loop's speed follows.
+
+    python benchmarks/ncu_summary.py dq.sass.csv [more.sass.csv ...]
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from collections import Counter
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+
+
+def read_sass(path: str) -> list[dict[str, str]]:
+    """Rows of the CSV's instruction table (header on the second line)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[1]
+    return [dict(zip(header, r)) for r in rows[2:] if len(r) == len(header)]
+
+
+def opcode(source: str, full: bool = False) -> str:
+    """``@!P0 FMNMX.NAN R1, ...`` -> ``FMNMX`` (``FMNMX.NAN`` with ``full``)."""
+    words = source.split()
+    if not words:
+        return "?"
+    op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+    return op if full else op.split(".")[0]
+
+
+def _count(row: dict[str, str], key: str) -> int:
+    return int(row.get(key) or 0)
+
+
+def summarise(path: str) -> str:
+    rows = read_sass(path)
+    stall_keys = [k for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k]
+    samples = sum(_count(r, SAMPLES) for r in rows) or 1
+    executed = sum(_count(r, EXECUTED) for r in rows) or 1
+    stalls, mix = Counter(), Counter()
+    for r in rows:
+        for k in stall_keys:
+            stalls[k[len("stall_"):]] += _count(r, k)
+        mix[opcode(r["Source"])] += _count(r, EXECUTED)
+    lines = [f"{path}: {len(rows)} instructions, {executed:,} warp-instructions executed, {samples:,} stall samples",
+             "  stall reasons: " + ", ".join(f"{k} {v / samples:.1%}" for k, v in stalls.most_common(8)),
+             "  executed mix: " + ", ".join(f"{k} {v / executed:.1%}" for k, v in mix.most_common(12))]
+    weight = Counter()
+    for r in rows:
+        weight[_count(r, EXECUTED)] += _count(r, EXECUTED)
+    weight.pop(0, None)
+    loop_count = max(weight, key=weight.get)
+    body = [r for r in rows if _count(r, EXECUTED) == loop_count]
+    ops = Counter(opcode(r["Source"], full=True) for r in body)
+    body_samples = Counter()
+    for r in body:
+        body_samples[opcode(r["Source"])] += _count(r, SAMPLES)
+    total = sum(body_samples.values()) or 1
+    lines += [f"  hottest loop: {len(body)} instructions per warp and iteration, run {loop_count:,} times "
+              f"({weight[loop_count] / executed:.0%} of all executed)",
+              "    " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)),
+              "    its stall samples by opcode: "
+              + ", ".join(f"{k} {v / total:.0%}" for k, v in body_samples.most_common(10))]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        raise SystemExit(2)
+    for p in sys.argv[1:]:
+        print(summarise(p))
