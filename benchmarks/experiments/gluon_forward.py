@@ -15,8 +15,8 @@ autotuned Triton forward at S >= 4k (causal 403 vs 476 TFLOP/s at S = 8k, non-ca
 so the package does not use it. 128-row tiles over two warpgroups were slower still (the CTA-wide
 barrier before each ring refill keeps the two warpgroups in lockstep), and per-tile scale vectors
 by 1-D TMA fault (illegal instruction) whenever a head's scales start at an element offset that is
-not a multiple of 4. Next: ``gluon_forward_ws.py`` (a TMA producer warp, two consumer warpgroups),
-which needs neither the CTA barrier nor the in-loop scale loads.
+not a multiple of 4. ``gluon_forward_ws.py`` (a TMA producer warp, two consumer warpgroups, neither
+the CTA barrier nor the in-loop scale loads) was no faster: 0.84-0.90x the Triton forward.
 
     python benchmarks/experiments/gluon_forward.py             # on a Hopper GPU: check, then A/B
 """

@@ -1,5 +1,11 @@
-"""EXPERIMENT (not used by the package; compiled for sm_90a offline, never run on a GPU): the
-warp-specialized version of ``gluon_forward.py``.
+"""EXPERIMENT (not used by the package): the warp-specialized version of ``gluon_forward.py``.
+
+Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Seventh session"): correct (rel O <= 2.1e-5 against
+``triton_forward``, LSE equal, on every odd shape; ``results/h200_v12_gluon_ws.log``), but
+0.84-0.90x the Triton forward at S >= 4k: 417 vs 480 TFLOP/s causal and 461 vs 549 non-causal at
+S = 8k. Nsight Compute (``results/h200_v12_ncu_summary.txt``): its loop issues more instructions per
+tile than Triton's (908 vs 792; the P-code layout conversion alone takes about 190 PRMT/LOP3 against
+Triton's 16 PRMT), and its consumers stall on the ring's barriers 29% of the time.
 
 Why: the non-specialized Gluon kernel ran at 0.79-0.88x the Triton forward. With 128-row tiles it
 needed a CTA-wide barrier before every refill of the K/V ring (both warpgroups read each slot),
