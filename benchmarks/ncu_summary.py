@@ -22,8 +22,12 @@ def read_sass(path: str) -> list[dict[str, str]]:
     """Rows of the CSV's instruction table (header on the second line)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    header = rows[1]
-    return [dict(zip(header, r)) for r in rows[2:] if len(r) == len(header)]
+    header = rows[1] if len(rows) > 1 else []
+    table = [dict(zip(header, r)) for r in rows[2:] if len(r) == len(header)]
+    if not table or SAMPLES not in header or EXECUTED not in header:
+        raise ValueError(f"{path}: no SASS rows with '{SAMPLES}' and '{EXECUTED}'; expected the output of "
+                         "ncu -i REPORT --page source --csv --print-source sass")
+    return table
 
 
 def opcode(source: str, full: bool = False) -> str:
@@ -56,6 +60,8 @@ def summarise(path: str) -> str:
     for r in rows:
         weight[_count(r, EXECUTED)] += _count(r, EXECUTED)
     weight.pop(0, None)
+    if not weight:
+        return "\n".join(lines + ["  no instruction was executed"])
     loop_count = max(weight, key=weight.get)
     body = [r for r in rows if _count(r, EXECUTED) == loop_count]
     ops = Counter(opcode(r["Source"], full=True) for r in body)
@@ -75,5 +81,9 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         raise SystemExit(2)
-    for p in sys.argv[1:]:
-        print(summarise(p))
+    try:
+        for p in sys.argv[1:]:
+            print(summarise(p))
+    except (OSError, ValueError) as err:
+        print(f"ncu_summary: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -5,6 +5,8 @@ import csv
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 _SPEC = importlib.util.spec_from_file_location(
     "ncu_summary", Path(__file__).resolve().parents[1] / "benchmarks" / "ncu_summary.py")
 ncu_summary = importlib.util.module_from_spec(_SPEC)
@@ -38,3 +40,10 @@ def test_summary_finds_the_hottest_loop_and_its_opcodes(tmp_path):
     assert "FMUL 2, FMNMX.NAN 1, BRA 1" in text  # predicate stripped, suffix kept in the loop counts
     assert "wait 80.0%, barrier 20.0%" in text  # 80 of 100 samples wait, 20 barrier
     assert "(89% of all executed)" in text  # 4000 of 4501 executed instructions
+
+
+def test_summary_names_what_is_wrong_with_other_csv(tmp_path):
+    path = tmp_path / "details.csv"
+    path.write_text('"ID","Metric Name"\n"0","Duration"\n')
+    with pytest.raises(ValueError, match="--page source --csv --print-source sass"):
+        ncu_summary.summarise(str(path))
