@@ -369,8 +369,9 @@ def triton_forward(
         rows = sq
     window = -1 if mask.window is None else int(mask.window)
     # Packed sequences start at any key: a TMA box of Vᵀ whose innermost start coordinate is not
-    # 16-byte aligned faults (illegal instruction, H200), so they keep pointer loads.
-    tma = not varlen and _use_tma(q.device)
+    # 16-byte aligned faults (illegal instruction, H200), so they keep pointer loads. Without any
+    # key there is no interior tile to load (and a descriptor cannot describe an empty tensor).
+    tma = not varlen and k_codes.numel() > 0 and _use_tma(q.device)
     if tma:  # 2-D views: K's codes (B·Hkv·Sk, DP), Vᵀ's (B·Hkv·DP, Sk_pad); one tile per box
         dp = k_codes.shape[-1]
         k_desc = TensorDescriptor.from_tensor(k_codes.view(-1, dp), [bn, dp])

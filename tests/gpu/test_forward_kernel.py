@@ -155,6 +155,14 @@ def test_varlen_with_empty_sequences_and_keyless_rows(pow2):
     assert (out.transpose(1, 2)[torch.isneginf(lse).transpose(1, 2)] == 0).all()
 
 
+def test_no_keys_at_all_gives_zero_output():
+    # An empty key axis (allowed without a causal mask): every row sees no key, so O = 0 and
+    # LSE = -inf, as in the emulation; no TMA descriptor is built for the empty K/V codes.
+    q, k, v = _inputs(1, 4, 2, 300, 0, 128, torch.bfloat16, seed=9)
+    out, lse = _kernel(q, k, v, MaskSpec(), FP8AttentionConfig())
+    assert out.shape == q.shape and (out == 0).all() and torch.isneginf(lse).all()
+
+
 def test_nan_inputs_propagate_like_the_emulation():
     # Non-causal, so every row sees the poisoned key tile in both implementations (the emulation's
     # dense matmul also spreads NaN into rows that mask that tile; the kernel never visits it).
