@@ -18,6 +18,11 @@ by 1-D TMA fault (illegal instruction) whenever a head's scales start at an elem
 not a multiple of 4. ``gluon_forward_ws.py`` (a TMA producer warp, two consumer warpgroups, neither
 the CTA barrier nor the in-loop scale loads) was no faster: 0.84-0.90x the Triton forward.
 
+Its ~190 PRMT/LOP3 per tile beyond the Triton kernel's come from carrying P's fp8 codes into the
+next iteration (a loop-carried fp8 tensor is kept as single bytes and repacked each iteration),
+not from the layout conversion. Carrying the codes packed four to an int32 word removed them but
+gained only a few percent (0.84-0.91x the Triton forward; benchmarks/NOTES.md, "Eighth session").
+
     python benchmarks/experiments/gluon_forward.py             # on a Hopper GPU: check, then A/B
 """
 from __future__ import annotations

@@ -426,7 +426,6 @@ def _check(q, k, v, out, lse, dout, mask: MaskSpec, config: FP8AttentionConfig) 
     check_compiled_blocks(config.block_q, config.block_k, "triton_backward", interpreting())
 
 
-
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     _check(q, k, v, out, lse, dout, mask, config)
     b, hq, sq_total, d = q.shape
