@@ -25,6 +25,13 @@ none of a warpgroup's rows can see, its masked softmax leaves (m, l, acc) unchan
 
     python benchmarks/experiments/gluon_forward_ws.py          # on a Hopper GPU: check, then A/B
     python benchmarks/experiments/gluon_forward_ws.py --compile-only   # any machine: sm_90a build
+    python benchmarks/experiments/gluon_forward_ws.py --overlap-window # any machine: what overlaps P·V
+
+What overlaps P·V in the SASS (``--overlap-window``, ninth session): ptxas puts the wait for P·V
+in front of the softmax's first warp shuffle (the row max), so only the K-scale multiply and the
+mask (105-285 SASS instructions per loop, no exp2) run while P·V is in flight, although the PTX has the whole
+softmax between the two waits. With the row max and row sum replaced by shuffle-free stand-ins
+(a diagnostic build, wrong numerics), 41-42 exp2 move into the window.
 """
 from __future__ import annotations
 
@@ -242,7 +249,24 @@ def compile_offline(causal: bool = True):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAXNREG))
 
 
+def overlap_window(kernel) -> list[tuple[int, int]]:
+    """Per consumer loop of a compiled kernel: (SASS instructions, MUFU.EX2 among them) between the
+    wait for QKᵀ (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait for P·V (``... 0x0``): the work
+    that actually overlaps P·V, whatever order the source and the PTX give."""
+    from triton.tools.disasm import get_sass
+
+    lines = get_sass(kernel.asm["cubin"]).splitlines()
+    waits = [(i, line) for i, line in enumerate(lines) if "WARPGROUP.DEPBAR.LE" in line]
+    return [(j - i, sum("MUFU.EX2" in s for s in lines[i:j]))
+            for (i, a), (j, b) in zip(waits, waits[1:]) if a.rstrip().endswith("0x1;") and b.rstrip().endswith("0x0;")]
+
+
 def main(argv: list[str]) -> int:
+    if "--overlap-window" in argv:
+        for causal in (True, False):
+            print(f"causal={causal}: (instructions, exp2) between the QKᵀ and P·V waits per loop: "
+                  f"{overlap_window(compile_offline(causal))}", flush=True)
+        return 0
     if "--compile-only" in argv:
         for causal in (True, False):
             kernel = compile_offline(causal)
