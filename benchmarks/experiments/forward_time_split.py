@@ -17,6 +17,11 @@ max(mode 3, mode 4) bounds any schedule that overlaps the MMAs with the elementw
 
     git apply benchmarks/experiments/forward_time_split.diff
     python benchmarks/experiments/forward_time_split.py        # on a Hopper GPU
+    python benchmarks/experiments/forward_time_split.py --l2   # modes 0 and 3 per launch shape, K/V bytes from L2
+
+``--l2`` (results/h200_v14_forward_l2_probe.log) times modes 0 and 3 at B = 2, H = 16, S = 8192 for
+several pinned launches and divides the K and Vᵀ code bytes the CTAs read (visited key tiles x
+32 KB) by the time: whether streaming K/V from L2 could be what limits the forward.
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ def main() -> int:
         return 2
     cfg = FP8AttentionConfig()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if "--l2" in sys.argv[1:]:
+        return l2_probe(triton_forward, cfg, gen)
     for causal in (True, False):
         for s in (8192, 16384):
             b, h, d = 16384 // s, 16, 128
@@ -63,6 +70,34 @@ def main() -> int:
             print(f"causal={causal} S={s}: " + ", ".join(f"{MODES[m]} {ms[m]:.3f} ms ({ms[m] / ms[0]:.2f})" for m in MODES)
                   + f"; full {flops / ms[0] / 1e9:.0f} TFLOP/s, perfect-overlap bound max(MMAs only, no MMA) "
                   f"{flops / max(ms[3], ms[4]) / 1e9:.0f} TFLOP/s", flush=True)
+    return 0
+
+
+def l2_probe(triton_forward, cfg, gen) -> int:
+    """Modes 0 and 3 per pinned launch; the K/V code bytes the CTAs stream from L2 per ms."""
+    import torch
+    from triton.testing import do_bench
+
+    from hf_fp8_attention.masking import MaskSpec
+
+    b, h, s, d = 2, 16, 8192, 128
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    for causal in (False, True):
+        mask = MaskSpec(causal=causal)
+        for launch in ("64,4,3", "64,4,2", "128,8,3", "128,8,2", "128,4,2"):
+            os.environ["HF_FP8_ATTENTION_FWD_CONFIG"] = launch
+            bm = int(launch.split(",")[0])
+            # key tiles (128 keys, 16 KB of K codes + 16 KB of Vᵀ codes) visited per query tile
+            tiles = sum(((qt + 1) * bm + 127) // 128 if causal else s // 128 for qt in range(s // bm))
+            kv_bytes = tiles * b * h * 2 * 128 * 128
+            out = []
+            for mode in (0, 3):
+                def run(mode=mode):
+                    return triton_forward(q, k, v, scale=d**-0.5, mask=mask, config=cfg, mode=mode)
+                run()
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+                out.append(f"mode {mode} {ms:.3f} ms, K/V from L2 {kv_bytes / ms / 1e9:.2f} TB/s")
+            print(f"causal={causal} launch {launch}: K/V bytes {kv_bytes / 1e9:.2f} GB; " + "; ".join(out), flush=True)
     return 0
 
 
