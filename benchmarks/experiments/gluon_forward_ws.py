@@ -30,10 +30,11 @@ none of a warpgroup's rows can see, its masked softmax leaves (m, l, acc) unchan
 What overlaps P·V in the SASS (``--overlap-window``, ninth session): ptxas puts the wait for P·V
 in front of the softmax's first warp shuffle (the row max), so only the K-scale multiply and the
 mask (105-285 SASS instructions per loop, no exp2) run while P·V is in flight, although the PTX
-has the whole softmax between the two waits. With the row max and row sum replaced by shuffle-free stand-ins
-(a diagnostic build, wrong numerics), 41-42 exp2 move into the window. Forcing the overlap with a
-row max through shared memory (``gluon_forward_ws_smem_row_max.diff``: all 64 exp2 in the window of
-the non-causal loop) made the kernel 4-8% slower, so the missing overlap is not what limits it.
+has the whole softmax between the two waits. With the row max and row sum replaced by shuffle-free
+stand-ins (a diagnostic build, wrong numerics), 41-42 exp2 move into the window. Forcing the
+overlap with a row max through shared memory (``gluon_forward_ws_smem_row_max.diff``: all 64 exp2
+in the window of the non-causal loop) made the kernel 4-8% slower, so the missing overlap is not
+what limits it.
 """
 from __future__ import annotations
 
