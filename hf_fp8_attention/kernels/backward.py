@@ -31,7 +31,8 @@ each sequence's start, as in :mod:`hf_fp8_attention.reference`, which defines th
 
 The default FP8 path (:mod:`.backward_prequant`) runs this schedule on operands quantized once up
 front, and by default gives each kernel's two jobs a launch of their own (LSE'/D, then dQ; dK, then
-dV: see ``LAUNCH``), with the same operations per element.
+dV: see ``LAUNCH``). It forms the same dS with one operation per element fewer: dO's row scale is
+folded into LSE' and D there (see that module's docstring).
 """
 from __future__ import annotations
 
@@ -453,12 +454,14 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     dk = alloc(k.shape, dtype=k.dtype, device=dev)
     dv = alloc(v.shape, dtype=v.dtype, device=dev)
     if prequant:
-        # LSE' and D of every row of every sequence are written by the dQ kernel's statistics pass
-        # before any launch reads them; rows outside all sequences are never read. Under the
-        # interpreter (the CPU tests) they start as NaN, so a row read before it is written shows.
+        # LSE', LSE'^do and D' of every row of every sequence are written by the dQ kernel's
+        # statistics pass before any launch reads them; rows outside all sequences are never read.
+        # Under the interpreter (the CPU tests) they start as NaN, so a row read before it is
+        # written shows.
         scratch = functools.partial(torch.full, fill_value=float("nan")) if interpreting() else torch.empty
         lse2 = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
         delta = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
+        lse2do = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
     else:
         lse2 = torch.full((b * hq, sq_total), float("-inf"), dtype=torch.float32, device=dev)
         delta = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev)
@@ -469,7 +472,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window if mask.window is not None else 0
     if prequant:
-        _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+        _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                          n_seq, max_q, max_k, scale, mask, config, debug)
         return dq, dk, dv, dbg_ds, dbg_pabs
     common = dict(
@@ -497,9 +500,10 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     return dq, dk, dv, dbg_ds, dbg_pabs
 
 
-def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                      n_seq, max_q, max_k, scale, mask, config, debug):
-    """FP8 mode on operands quantized once up front (kernels in backward_prequant.py)."""
+    """FP8 mode on operands quantized once up front (kernels in backward_prequant.py). ``lse2``,
+    ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module)."""
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
@@ -529,7 +533,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
         bm = LAUNCH["free_tile"][launch] or bq
         _bwd_dq_prequant_kernel[(cdiv(max_q, bm), n_seq * hq)](
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
-            dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
+            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
@@ -539,8 +543,8 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, delta, dbg_ds, dbg
     for compute_dk, compute_dv, launch in passes:
         bn = LAUNCH["free_tile"][launch] or bk
         _bwd_dkdv_prequant_kernel[(cdiv(max_k, bn), n_seq * hkv)](
-            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
-            lse2, delta, dk, dv, cu_q, cu_k, toff_q,
+            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
+            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
             **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,

@@ -19,6 +19,14 @@ The dK/dV kernel works in the transposed orientation (Sᵀ = K Qᵀ, tiles (BLOC
 Pᵀ and dSᵀ are the A operands of dV and dK directly and "per column within the query tile"
 becomes a per-row scale.
 
+dO's row scale is folded into two per-query values instead of multiplying every dP element:
+dS_ij = P_ij (dP_ij − D_i) = P'_ij (dP'_ij − D'_i) with dP' = dP / sdo_i (the MMA result times V's
+row scale only), P' = P · sdo_i = 2^(S_ij − LSE'^do_i) where LSE'^do = LSE' − log2 sdo, and
+D' = D / sdo. The statistics pass forms D' directly (its sum runs over dP'), and stores LSE'
+(for dV's P), LSE'^do and D'; the dQ and dK loops read the latter two, and the dK loop no longer
+reads sdo at all. One multiply per element fewer in the statistics, dQ and dK loops; dS itself
+changes only by fp32 rounding, so the matched zero-row-sum identity holds as before.
+
 Each tile loop runs in three parts, as in the forward kernel: leading boundary tiles, interior
 tiles, trailing boundary tiles (bounds: :func:`_key_tiles`, :func:`_query_tiles`). Interior tiles
 (every row and key in range, every (query, key) pair visible) skip the visibility mask, its
@@ -179,16 +187,17 @@ def _slot(seq, tile, TOFF, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
+def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
             BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
-    """S (log2 units) and dP, both (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one
-    key tile, from the row-wise codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales."""
+    """S (log2 units) and dP' = dP / sdo (dO's row scale left out, see the module docstring), both
+    (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one key tile, from the row-wise
+    codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales."""
     k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     sk = _vec(krs_base + keys, col_ok, 1.0, MASKED)
     sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
     s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
-    dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sdo[:, None] * sv[None, :]
+    dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sv[None, :]
     return s, dp
 
 
@@ -216,19 +225,20 @@ def _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
 
 @triton.jit
 def _dq_stats_tiles(
-    m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+    m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
-    running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij. Masks only if MASKED."""
+    running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'). Masks
+    only if MASKED."""
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
-        s, dp = _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
+        s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
                         offs_d, BLOCK_D, MASKED)
         vis = None  # interior tiles: every pair is visible
         if MASKED:
@@ -241,7 +251,7 @@ def _dq_stats_tiles(
 
 @triton.jit
 def _dq_tiles(
-    dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+    dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
@@ -249,21 +259,22 @@ def _dq_tiles(
 ):
     """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_D) (before the factor τ)
     and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
-    ``kcs_base`` points at the sequence's first key tile of K's channel-wise scales."""
+    ``lse2do`` / ``delta_do``: LSE'^do and D' (BLOCK_Q,), see the module docstring. ``kcs_base``
+    points at the sequence's first key tile of K's channel-wise scales."""
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
         keys = k_start + offs_n
-        s, dp = _scores(q8, do8, sq, sdo, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
+        s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
                         offs_d, BLOCK_D, MASKED)
-        p = tl.math.exp2(s - lse2[:, None])
+        p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
         if MASKED:
             vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
             p = tl.where(vis, p, 0.0)
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta_do[:, None])
         if DEBUG:
             ds_sum += tl.sum(ds, 1)
             dp_abs = tl.abs(dp)
@@ -281,7 +292,7 @@ def _dq_tiles(
 @triton.jit
 def _bwd_dq_prequant_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
-    DO, O, LSE, DQ, LSE2, DELTA, DBG_DSSUM, DBG_PABS,
+    DO, O, LSE, DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS,
     CU_Q, CU_K, TOFF_K,
     sdob, sdoh, sdos, sdod, sob, soh, sos, sod, slb, slh, sls,
     H, G, SQ_TOTAL, SK_TOTAL, SK_PAD, NT_K, SQ, SK, window, qk_scale, tau,
@@ -290,11 +301,12 @@ def _bwd_dq_prequant_kernel(
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr,
 ):
-    """LSE' (log2 units), D and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
+    """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
 
-    STATS: form LSE' and D and store them; GRADS: form and store dQ. Matched, they may run as two
-    launches (STATS only, then GRADS only, reading LSE' and D back): the statistics pass then holds
-    no dQ operands in shared memory, so more programs fit on an SM (LAUNCH["split_dq_stats"])."""
+    STATS: form LSE', LSE'^do = LSE' − log2 sdo and D' = D / sdo and store them (LSE2, LSE2DO,
+    DELTA); GRADS: form and store dQ. Matched, they may run as two launches (STATS only, then GRADS
+    only, reading LSE'^do and D' back): the statistics pass then holds no dQ operands in shared
+    memory, so more programs fit on an SM (LAUNCH["split_dq_stats"])."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -330,24 +342,25 @@ def _bwd_dq_prequant_kernel(
 
     stat_off = bh_q * SQ_TOTAL + rows
     if MATCHED and not STATS:
-        lse2 = tl.load(LSE2 + stat_off, mask=row_ok, other=float("-inf"))
-        delta = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
+        lse2do = tl.load(LSE2DO + stat_off, mask=row_ok, other=float("-inf"))
+        delta_do = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
     elif MATCHED:
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, f_lo,
                                         True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
                                         False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, sdo, row_ok, pos_q,
+        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi, t_hi,
                                         True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        delta = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))
+        delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
+        lse2do = lse2 - tl.math.log2(sdo)
     else:
         lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
                        mask=row_ok, other=float("-inf")) * 1.4426950408889634
@@ -356,24 +369,27 @@ def _bwd_dq_prequant_kernel(
         o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
         delta = tl.sum(tl.load(do_ptr, mask=dmask, other=0.0).to(tl.float32)
                        * tl.load(o_ptr, mask=dmask, other=0.0).to(tl.float32), 1)
+        delta_do = tl.math.div_rn(delta, sdo)
+        lse2do = lse2 - tl.math.log2(sdo)
     if STATS:
         tl.store(LSE2 + stat_off, lse2, mask=row_ok)
-        tl.store(DELTA + stat_off, delta, mask=row_ok)
+        tl.store(LSE2DO + stat_off, lse2do, mask=row_ok)
+        tl.store(DELTA + stat_off, delta_do, mask=row_ok)
     if not GRADS:
         return
 
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
     pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, sdo, lse2, delta, row_ok, pos_q,
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
@@ -388,7 +404,7 @@ def _bwd_dq_prequant_kernel(
 @triton.jit
 def _dkdv_tiles(
     dk, dv, k8, v8, sk, sv, col_ok, offs_n,
-    qr_base, dor_base, qrs_base, dors_base, lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+    qr_base, dor_base, qrs_base, lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
     q_start, q_len, shift, window, SQ_PAD, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
@@ -398,8 +414,9 @@ def _dkdv_tiles(
     and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
     COMPUTE_DK / COMPUTE_DV: which of the two to form (dV alone needs neither dPᵀ nor dO's
     row-wise codes; dK alone does not quantize Pᵀ).
-    The ``*_base`` pointers are the query head's; ``qcs_base`` / ``docs_base`` point at the
-    sequence's first query tile of the channel-wise scales."""
+    The ``*_base`` pointers are the query head's (``lse2_base``: LSE' for dV's P; ``lse2do_base`` and
+    ``delta_base``: LSE'^do and D' for dK's dS, see the module docstring); ``qcs_base`` /
+    ``docs_base`` point at the sequence's first query tile of the channel-wise scales."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -408,22 +425,25 @@ def _dkdv_tiles(
         rows = q_start + offs_m
         q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
         sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
-        lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
-        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (both MMAs issued back to back)
+        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
         st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
-        if COMPUTE_DK:
-            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-            sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
-            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None] * sdo[None, :]
-        pt = tl.math.exp2(st - lse2[None, :])
         if MASKED:
             vis = _visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
-            pt = tl.where(vis, pt, 0.0)
         if COMPUTE_DK:
+            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
+            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None]
+            lse2do = _vec(lse2do_base + rows, row_ok, float("-inf"), MASKED)
+            ptdo = tl.math.exp2(st - lse2do[None, :])  # P'ᵀ = Pᵀ · sdo
+            if MASKED:
+                ptdo = tl.where(vis, ptdo, 0.0)
             delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
-            dst = pt * (dpt - delta[None, :])
+            dst = ptdo * (dpt - delta[None, :])
         if COMPUTE_DV:
+            lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
+            pt = tl.math.exp2(st - lse2[None, :])
+            if MASKED:
+                pt = tl.where(vis, pt, 0.0)
             # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
             p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
             doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
@@ -440,8 +460,8 @@ def _dkdv_tiles(
 
 @triton.jit
 def _bwd_dkdv_prequant_kernel(
-    QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DORS, DOCT, DOCS,
-    LSE2, DELTA, DK, DV,
+    QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DOCT, DOCS,
+    LSE2, LSE2DO, DELTA, DK, DV,
     CU_Q, CU_K, TOFF_Q,
     H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -485,23 +505,23 @@ def _bwd_dkdv_prequant_kernel(
         qr_base = QR + bh_q * SQ_TOTAL * BLOCK_D
         dor_base = DOR + bh_q * SQ_TOTAL * BLOCK_D
         qrs_base = QRS + bh_q * SQ_TOTAL
-        dors_base = DORS + bh_q * SQ_TOTAL
         lse2_base = LSE2 + bh_q * SQ_TOTAL
+        lse2do_base = LSE2DO + bh_q * SQ_TOTAL
         delta_base = DELTA + bh_q * SQ_TOTAL
         qct_base = QCT + bh_q * BLOCK_D * SQ_PAD
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
-                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
                              BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
-                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
                              BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base, dors_base,
-                             lse2_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
                              BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
     st_mask = col_ok[:, None] & d_ok[None, :]
