@@ -9,7 +9,8 @@ GQA, varlen with empty sequences and fully masked rows, odd lengths, head dim 96
 Tolerances (kernel vs emulation, same config). Under the interpreter the kernels round every FP8
 code explicitly to nearest even, so Q/K/V codes and scales equal the emulation's bit for bit
 (asserted exactly). What remains is fp32 summation order (QKᵀ over d, PV over keys, the online
-rescaling) and exp2 vs exp: relative ~1e-6 at these sizes, hence 2e-5 on ‖Δ‖/‖ref‖ for fp32 inputs.
+rescaling) and exp2 vs exp: relative ~1e-6 at these sizes, hence 2e-5 on ‖Δ‖/‖ref‖ for fp32 inputs,
+and on |ΔLSE| / max(1, |LSE|) (the logits' own fp32 rounding scales with their size).
 A P code sitting on a rounding boundary may flip by one step (probability ~1e-6 per element), which
 moves one output element by at most a 1/16 share of one p·v term: max-abs bound 2e-3·max|ref|.
 bf16 inputs: the interpreter's fp32 -> bf16 output cast truncates, so each element may differ by one
@@ -44,7 +45,16 @@ FORWARD_CASES = {
     "varlen_masked_rows": (1, 2, 2, None, None, 64, True, None, ([0, 7, 19], [0, 3, 30]), "float32", True, 16, 16),
     "varlen_window": (1, 2, 1, None, None, 96, False, 5, ([0, 11, 40], [0, 20, 41]), "float32", False, 16, 16),
     "bf16_causal": (2, 2, 1, 33, 33, 128, True, None, None, "bfloat16", False, 32, 16),
+    # Key tiles far below the running max (see KEY_TILE_GAIN): the forward's reference slack.
+    "logit_gaps": (1, 2, 1, 20, 64, 64, False, None, None, "float32", False, 16, 16),
+    "logit_gaps_causal": (1, 2, 1, 64, 64, 64, True, None, None, "float32", False, 16, 16),
 }
+
+# Per key tile, a gain on K: tile 1's logits (std 60) lie so far above the other tiles' that their
+# maxima fall more than the forward's REF_SLACK below the running max (tile 0 before the jump, tiles
+# 2 and 3 after it), often by more than 2^128: acc and l must neither overflow (as they do without
+# the slack) nor drop the small tiles' weight beyond fp32 rounding.
+KEY_TILE_GAIN = {"logit_gaps": (1.0, 60.0, 1.0, 0.3), "logit_gaps_causal": (1.0, 60.0, 1.0, 0.3)}
 
 
 def _forward_case(name, seed):
@@ -65,7 +75,11 @@ def _forward_case(name, seed):
     dt = getattr(torch, dtype)
     # Non-contiguous q (a transposed view) exercises the stride arguments.
     q = torch.randn(b, sq, hq, d, generator=gen).to(dt).transpose(1, 2)
-    k = torch.randn(b, hkv, sk, d, generator=gen).to(dt)
+    k = torch.randn(b, hkv, sk, d, generator=gen)
+    gains = KEY_TILE_GAIN.get(name)
+    if gains is not None:
+        k = k * torch.tensor(gains).repeat_interleave(bk)[:sk, None]
+    k = k.to(dt)
     v = (torch.randn(b, hkv, sk, d, generator=gen) * 3).to(dt)
     mask = MaskSpec(causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     out, lse = triton_forward(q, k, v, scale=d**-0.5, mask=mask, config=cfg, block_m=bm)
@@ -77,7 +91,10 @@ def _forward_case(name, seed):
         "max_abs": (o - r).abs().max().item(),
         "ref_max": r.abs().max().item(),
         "elem_ok_bf16": bool(((o - r).abs() <= 2.0**-7 * r.abs() + 1e-6).all()),
-        "lse_max": (lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0,
+        # LSE carries the fp32 rounding of the logits, which grows with their size (|LSE| ~ 100
+        # in the logit-gap cases): compared relative to max(1, |LSE|).
+        "lse_max": ((lse[fin] - ref_lse[fin]).abs() / ref_lse[fin].abs().clamp(min=1.0)).max().item()
+        if fin.any() else 0.0,
         "lse_inf_same": bool((torch.isneginf(lse) == torch.isneginf(ref_lse)).all()),
         "n_empty_rows": int((~fin).sum()),
         "empty_rows_zero": bool((out.transpose(1, 2)[~fin.transpose(1, 2)] == 0).all()) if (~fin).any() else True,
@@ -85,7 +102,25 @@ def _forward_case(name, seed):
         # Varlen with the longest lengths given on the host (as fp8_attention passes them): the
         # same launch, bit for bit, without reading cu_seqlens.
         "host_lengths_same": _host_lengths_same(q, k, v, mask, cfg, bm, out, lse) if cu is not None else True,
+        "n_slack_tiles": _tiles_below_slack(q, k, mask, bk) if gains is not None else 0,
     }
+
+
+def _tiles_below_slack(q, k, mask, bk):
+    """How many (row, key tile) pairs have a tile max more than REF_SLACK (log2 units) below the
+    running max at that tile (dense inputs, GQA by repetition): guards the logit-gap cases."""
+    import torch
+
+    from hf_fp8_attention.kernels.forward import LOG2E, REF_SLACK
+
+    kk = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = q.double() @ kk.transpose(-1, -2) * q.shape[-1] ** -0.5 * LOG2E
+    if mask.causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1), float("-inf"))
+    tile_max = torch.stack([t.amax(-1) for t in s.split(bk, dim=-1)], -1)
+    running = tile_max.cummax(-1).values
+    return int((tile_max < running - REF_SLACK).sum())
 
 
 def _host_lengths_same(q, k, v, mask, cfg, bm, out, lse):
@@ -208,6 +243,12 @@ def test_forward_kernel_matches_emulation(interpreter_results, name):
 def test_masked_rows_case_has_empty_rows(interpreter_results):
     # Guards the test itself: the masked-rows case must really contain rows with no key.
     assert interpreter_results["fwd/varlen_masked_rows"]["n_empty_rows"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(KEY_TILE_GAIN))
+def test_logit_gap_cases_exceed_the_reference_slack(interpreter_results, name):
+    # Guards the test itself: tiles beyond REF_SLACK below the running max must occur.
+    assert interpreter_results[f"fwd/{name}"]["n_slack_tiles"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(QUANT_CASES))

@@ -11,18 +11,24 @@ and key tile T of ``BLOCK_N = config.block_k`` keys (tiles start at each sequenc
     LSE_i  = log Σ_j exp(s_ij)
     O_i    = Σ_T exp(m_iT − LSE_i)/448 · Σ_{j∈T} C_ij · Vc_jc · sv_Tc
 
-The kernel runs an online softmax in base 2 (τ·log2 e folded into the Q scale):
+The kernel runs an online softmax in base 2 (τ·log2 e folded into the Q scale). Each tile's codes,
+and acc and l, are kept relative to a per-row reference r_T, the tile's own max unless that lies
+more than G = REF_SLACK below the running max m::
 
-    m_new = max(m, m_T);  α = 2^(m − m_new);  β = 2^(m_T − m_new)
-    C     = fp8(2^(s − m_T + log2 448))                   (= fp8(448·exp(s − m_T)) up to exp rounding)
-    l     = α·l + β·Σ_j 2^(s_j − m_T + log2 448)          (448 times the usual l)
-    acc   = α·acc + (C @ Vc) · β · sv_T                   (448 times the usual acc)
-    O     = acc / l,  LSE = ln2 · (m + log2 l − log2 448)
+    m_new = max(m, m_T);  r_T = max(m_T, m_new − G);  γ = 2^(r_prev − r_T)
+    C     = fp8(2^(s − r_T + log2 448))                   (= fp8(448·exp(s − m_T)) when r_T = m_T)
+    l     = γ·l + Σ_j 2^(s_j − r_T + log2 448)
+    acc   = γ·acc + (C @ Vc) · sv_T                       (one FMA per element after the γ scaling)
+    O     = acc / l,  LSE = ln2 · (r_last + log2 l − log2 448)
 
-Since the codes C depend only on the tile's own max, they equal the emulation's up to the rounding
-of exp, and the kernel matches the emulation to accumulation-order noise. Rows with no visible key
-give O = 0, LSE = -inf. Key tiles that no row of a query tile can see are never visited; tiles
-fully visible to every row skip the mask arithmetic.
+Where r_T = m_T (every tile within 2^G of the running max) the codes C depend only on the tile's
+own max, equal the emulation's up to the rounding of exp, and the kernel matches the emulation to
+accumulation-order noise. Where r_T > m_T the tile's largest term is below 2^-G of the row's, and
+its codes are formed relative to r_T instead of m_T (coarser, possibly zero): the tile's whole
+weight, at most BLOCK_N·2^-G of the row (2^-25 for G = 32, under fp32 rounding), bounds the
+difference. G also bounds acc and l at 2^G times their running-max values, so they overflow only
+for |V| beyond ~1e21. Rows with no visible key give O = 0, LSE = -inf. Key tiles that no row of a
+query tile can see are never visited; tiles fully visible to every row skip the mask arithmetic.
 
 Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel (each Q tile is loaded once);
 K codes ``(B, Hkv, Sk, DP)`` fp8 + scales ``(B, Hkv, Sk)``; Vᵀ codes ``(B, Hkv, DP, Sk_pad)`` fp8 +
@@ -49,21 +55,26 @@ from .quantize import (
 )
 
 LOG2E = 1.4426950408889634
+# G of the module docstring, log2 units: a key tile whose row max lies further below the running
+# max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
+REF_SLACK = 32.0
 
 
 @triton.jit
 def _visit_tiles(
-    acc, l_i, m_i, q_codes, q_scale2, pos_q,
+    acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q,
     k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
     t_lo, t_hi, kv_len, window,
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
+    REF_SLACK: tl.constexpr,
 ):
-    """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m); mask only if MASKED.
+    """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
 
-    ``l`` and ``acc`` are kept in units of PMAX (448): the P codes are 2^(s − m_T + log2 448)
-    directly, and the factor cancels in O = acc / l (the LSE subtracts ln 448 at the end).
+    ``l`` and ``acc`` are kept relative to the reference r (module docstring) and in units of PMAX
+    (448): the P codes are 2^(s − r_T + log2 448) directly, and the factor cancels in O = acc / l
+    (the LSE subtracts ln 448 at the end).
 
     TMA (interior tiles of unpacked batches only): the K and Vᵀ code tiles come by TMA
     through ``k_desc`` (rows of K's codes, 2-D) and ``vt_desc`` (rows of Vᵀ's codes, 2-D) from row
@@ -106,22 +117,25 @@ def _visit_tiles(
             x = tl.where(visible, x, float("-inf"))
         m_t = tl.max(x, 1) * q_scale2  # the tile's row max, log2 units
         m_new = tl.maximum(m_i, m_t)
+        # This tile's reference: its own max unless that lies more than REF_SLACK below the running
+        # max (the tile then weighs under BLOCK_N·2^-REF_SLACK of the row; module docstring).
+        r_t = tl.maximum(m_t, m_new - REF_SLACK)
         if MASKED:
             # Rows with no visible key so far: keep every exponent finite (2^-inf = 0, never NaN).
-            m_t_ref = tl.where(m_t == float("-inf"), 0.0, m_t)
-            m_new_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            r_t_ref = tl.where(r_t == float("-inf"), 0.0, r_t)
         else:
-            m_t_ref = m_t
-            m_new_ref = m_new
-        p = tl.math.exp2(x * q_scale2[:, None] - (m_t_ref - LOG2_PMAX)[:, None])  # 448·2^(s − m_T)
-        alpha = tl.math.exp2(m_i - m_new_ref)
-        beta = tl.math.exp2(m_t - m_new_ref)
-        l_i = l_i * alpha + beta * tl.sum(p, 1)
+            r_t_ref = r_t
+        p = tl.math.exp2(x * q_scale2[:, None] - (r_t_ref - LOG2_PMAX)[:, None])  # 448·2^(s − r_T)
+        # acc and l move to the new tile's reference: one factor per row, and the tile's P·V joins
+        # with its channel scales only (one FMA per element instead of two multiplies and an FMA).
+        gamma = tl.math.exp2(r_i - r_t_ref)
+        l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
         pv = tl.dot(p_codes, v_codes)
-        acc = acc * alpha[:, None] + pv * beta[:, None] * v_scale[None, :]
+        acc = acc * gamma[:, None] + pv * v_scale[None, :]
         m_i = m_new
-    return acc, l_i, m_i
+        r_i = r_t
+    return acc, l_i, m_i, r_i
 
 
 @triton.jit
@@ -137,6 +151,7 @@ def _fwd_kernel(
     Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
+    REF_SLACK: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e. ``k_desc`` / ``vt_desc``:
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
@@ -209,24 +224,25 @@ def _fwd_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
+    r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (log2 units)
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
-    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo, kv_len, window,
-                                 True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
-    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len, window,
-                                 False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
-    acc, l_i, m_i = _visit_tiles(acc, l_i, m_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base, vs_base,
-                                 S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi, kv_len, window,
-                                 True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                 P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)
+    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo, kv_len,
+                                      window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
+                                      window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi, kv_len,
+                                      window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (r_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
     o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
@@ -285,7 +301,7 @@ def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: b
         BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), TMA=tma, CAUSAL=causal, HAS_WINDOW=has_window,
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
-        **cast_meta(config.p_format, "P"), CVT=cvt,
+        **cast_meta(config.p_format, "P"), CVT=cvt, REF_SLACK=REF_SLACK,
     )
 
 
