@@ -127,7 +127,7 @@ def _visit_tiles(
             r_t_ref = r_t
         p = tl.math.exp2(x * q_scale2[:, None] - (r_t_ref - LOG2_PMAX)[:, None])  # 448·2^(s − r_T)
         # acc and l move to the new tile's reference: one factor per row, and the tile's P·V joins
-        # with its channel scales only (one FMA per element instead of two multiplies and an FMA).
+        # with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
         gamma = tl.math.exp2(r_i - r_t_ref)
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
