@@ -108,16 +108,15 @@ def _forward_case(name, seed):
 
 def _tiles_below_slack(q, k, mask, bk):
     """How many (row, key tile) pairs have a tile max more than REF_SLACK (log2 units) below the
-    running max at that tile (dense inputs, GQA by repetition): guards the logit-gap cases."""
+    running max at that tile (dense inputs; the emulation's masked logits, in float64): guards the
+    logit-gap cases."""
     import torch
 
     from hf_fp8_attention.kernels.forward import LOG2E, REF_SLACK
+    from hf_fp8_attention.reference import _grouped, _masked_logits
 
-    kk = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    s = q.double() @ kk.transpose(-1, -2) * q.shape[-1] ** -0.5 * LOG2E
-    if mask.causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1), float("-inf"))
+    s = _masked_logits(_grouped(q.double(), k.shape[1]), k.double(), q.shape[-1] ** -0.5 * LOG2E, mask.causal,
+                       mask.window)
     tile_max = torch.stack([t.amax(-1) for t in s.split(bk, dim=-1)], -1)
     running = tile_max.cummax(-1).values
     return int((tile_max < running - REF_SLACK).sum())
