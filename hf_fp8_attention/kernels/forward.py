@@ -190,7 +190,7 @@ def _fwd_kernel(
     q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
     q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     q_scale = scale_from_amax(abs_max(q, 1), Q_FMAX, POW2)
-    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT)
+    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT, True)
     q_scale2 = q_scale * qk_scale
 
     # Query i sits at key position i + kv_len - q_len (causal diagonal aligned to the end).
@@ -227,10 +227,17 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
     r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (log2 units)
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
-    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
-                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo, kv_len,
-                                      window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+    # Without a window there are no leading masked tiles (key_lo = full_lo = 0), and that loop is not
+    # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
+    # short launch's stall samples. A runtime branch around the trailing loop made the non-causal
+    # forward slower (benchmarks/NOTES.md, eleventh session).
+    if HAS_WINDOW:
+        if t_lo < f_lo:
+            acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base,
+                                              vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
+                                              t_lo, f_lo, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N,
+                                              BLOCK_D, LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT,
+                                              REF_SLACK)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,

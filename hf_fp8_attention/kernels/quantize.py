@@ -16,8 +16,9 @@ Reference maths (same as :func:`hf_fp8_attention.quant.quantize`)::
     scale = max(amax(|block|) / FMT_MAX, 2^-126)   (rounded up to a power of two with pow2; 1 if amax == 0)
     code  = fp8_rne(clamp(x / scale, -FMT_MAX, FMT_MAX))
 
-The division is IEEE round-to-nearest (``div_rn``), as PyTorch's, so on a GPU with a saturating
-round-to-nearest-even FP8 conversion the codes and scales equal the emulation's bit for bit.
+The division gives IEEE round-to-nearest quotients (PyTorch's; :func:`divide_by_scale` forms them
+with FMAs), so on a GPU with a saturating round-to-nearest-even FP8 conversion the codes and scales
+equal the emulation's bit for bit.
 NaN/Inf in a block give a non-finite scale, so the block dequantizes to NaN/Inf, never to garbage.
 """
 from __future__ import annotations
@@ -116,11 +117,60 @@ def fp8_cast(y, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr
                                          pack=4).to(DTYPE, bitcast=True)
 
 
+# |x / scale| below this comes out of divide_by_scale as a zero of its sign, which every fp8 format
+# casts it to anyway (E5M2's smallest code is 2^-16); above it the FMA remainders stay normal.
+_DIV_TINY = tl.constexpr(5.421010862427522e-20)  # 2^-64
+
+
+@triton.jit
+def divide_by_scale(x, scale, INTERPRET: tl.constexpr):
+    """``x / scale`` as the fp8 cast sees IEEE division: ``x`` fp32 (R, C), ``scale`` its block
+    scales (R, 1) or (1, C), each a normal number below 2^127 (:func:`scale_from_amax` makes them so),
+    +inf or NaN, and |x / scale| <= 2^100 (x within its block gives at most FMAX). Equal to
+    ``div_rn`` bit for bit where |x / scale| >= 2^-64; smaller quotients come out as a zero of the
+    same sign (the same fp8 code).
+
+    ``div.rn.f32`` costs a dozen instructions per element with a branch to a slow path, and ptxas
+    does not interleave the branchy divisions: in the forward's Q quantization they took 28% of a
+    short launch's stall samples (benchmarks/NOTES.md). Here, per block: scale = m·2^k with m in
+    [1, 2) and y = RN(1/m). Per element: xs = x·2^-k (exact, or below 2^-64), q = RN(xs·y), then two
+    steps q += r·y with the exact FMA remainder r = xs − m·q; the first makes q faithful, the second
+    correctly rounded (Markstein's theorem, which holds as xs, r and y stay normal). Scaling by 2^-k
+    first keeps them normal for every block scale, so no branch is needed. Non-finite scales take
+    x·(1/scale), which is IEEE x/scale there (±0 or NaN). The interpreter does not fuse FMAs: there
+    ``div_rn``.
+    """
+    if INTERPRET:
+        return tl.math.div_rn(x, scale)
+    bits = scale.to(tl.int32, bitcast=True)
+    expo = (bits >> 23) & 0xFF
+    finite = expo < 255
+    m = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)  # scale's mantissa, [1, 2)
+    # 2^(127 - expo), NaN for non-finite scales so that they leave the FMA path below.
+    pre = tl.where(finite, ((254 - expo) << 23).to(tl.float32, bitcast=True), float("nan"))
+    y = tl.math.div_rn(tl.full(m.shape, 1.0, tl.float32), m)
+    neg_m = -m
+    other = tl.where(scale != scale, float("nan"), 0.0)  # 1/scale where it is not finite (+inf or NaN)
+    xs = x * pre
+    q = xs * y
+    q = tl.fma(tl.fma(q, neg_m, xs), y, q)
+    q = tl.fma(tl.fma(q, neg_m, xs), y, q)
+    # Tiny quotients: x·0 is a zero of x's sign; non-finite scales: x·(1/scale).
+    return tl.where(tl.abs(xs) >= _DIV_TINY, q, x * other)
+
+
 @triton.jit
 def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr,
-           SUB_MIN: tl.constexpr, CVT: tl.constexpr):
-    """fp8 codes of fp32 ``x / scale`` (IEEE division), clamped to ±FMAX with NaN kept."""
-    y = tl.math.div_rn(x, scale)
+           SUB_MIN: tl.constexpr, CVT: tl.constexpr, ROW_SCALES: tl.constexpr = False):
+    """fp8 codes of fp32 ``x / scale`` (IEEE division), clamped to ±FMAX with NaN kept.
+
+    ROW_SCALES (``scale`` (R, 1)): the division by :func:`divide_by_scale`. Its per-block work is
+    repeated by every thread holding a piece of the block, which costs little for row scales but
+    made the channel-wise copy slower than ``div_rn`` (benchmarks/NOTES.md)."""
+    if ROW_SCALES:
+        y = divide_by_scale(x, scale, CVT == 1)
+    else:
+        y = tl.math.div_rn(x, scale)
     y = tl.clamp(y, -FMAX, FMAX, propagate_nan=tl.PropagateNan.ALL)
     return fp8_cast(y, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
 
@@ -167,7 +217,7 @@ def _quantize_tile(
     (a token's scale needs all its channels), the channel-wise copy COL_GROUP channels at a time
     (a channel's scale needs all the tile's tokens; each channel's codes are then a contiguous run
     of BLOCK_S bytes in the transposed layout). With both copies the tile is read twice, the second
-    time mostly from L2.
+    time mostly from L2 (reading it once, whole, with 4-16 warps was slower: benchmarks/NOTES.md).
     """
     if ROW:
         offs_d = tl.arange(0, BLOCK_D)
@@ -179,7 +229,7 @@ def _quantize_tile(
             x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
             x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
             r_scale = scale_from_amax(abs_max(x, 1), FMAX, POW2)
-            r_codes = to_fp8(x, r_scale[:, None], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+            r_codes = to_fp8(x, r_scale[:, None], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, True)
             tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
             r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
             tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
