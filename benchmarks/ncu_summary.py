@@ -4,7 +4,8 @@ Input: ``ncu -i REPORT.ncu-rep --page source --csv --print-source sass > K.sass.
 ``ncu_target.py``). Prints, for the whole launch, the warp-stall reasons and the executed
 instruction mix, then for its hottest loop body (the instructions that share the execution count
 with the largest share of all executed instructions: the interior tile loop) the opcode counts per
-warp and iteration, which is what an issue-bound loop's speed follows.
+warp and iteration, which is what an issue-bound loop's speed follows; last, how the stall samples
+split between code run once per warp and loop bodies (what a short launch spends outside its loop).
 
     python benchmarks/ncu_summary.py dq.sass.csv [more.sass.csv ...]
 """
@@ -74,7 +75,32 @@ def summarise(path: str) -> str:
               "    " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)),
               "    its stall samples by opcode: "
               + ", ".join(f"{k} {v / total:.0%}" for k, v in body_samples.most_common(10))]
-    return "\n".join(lines)
+    return "\n".join(lines + regions(rows, samples))
+
+
+def regions(rows: list[dict[str, str]], samples: int, min_share: float = 0.03) -> list[str]:
+    """Where the stall samples sit along the code: their share per execution count (in a short
+    launch, the count of once-per-warp code against the loop's), then each run of consecutive
+    instructions with one execution count that holds at least ``min_share`` of them (prologue,
+    loop body, epilogue), with its instruction indices and commonest opcodes."""
+    by_count = Counter()
+    runs: list[list] = []  # [first index, last index, execution count, samples, opcodes]
+    for i, r in enumerate(rows):
+        n, smp = _count(r, EXECUTED), _count(r, SAMPLES)
+        by_count[n] += smp
+        if runs and runs[-1][2] == n:
+            runs[-1][1] = i
+            runs[-1][3] += smp
+            runs[-1][4][opcode(r["Source"])] += 1
+        else:
+            runs.append([i, i, n, smp, Counter([opcode(r["Source"])])])
+    lines = ["  stall samples by execution count: "
+             + ", ".join(f"{n:,}: {v / samples:.1%}" for n, v in by_count.most_common(6))]
+    for first, last, n, smp, ops in runs:
+        if smp / samples >= min_share:
+            lines.append(f"    instructions {first}-{last} (run {n:,} times): {smp / samples:.1%} of samples; "
+                         + ", ".join(f"{k} {v}" for k, v in ops.most_common(6)))
+    return lines
 
 
 if __name__ == "__main__":

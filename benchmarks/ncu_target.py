@@ -1,6 +1,8 @@
 """One attention launch family for Nsight Compute to profile: a warm-up call, then the call to profile.
 
-Shape: B=2, H=16, S=8192, d=128, bf16 (causal unless ``noncausal`` is given). Pin the forward's
+Shape: B=2, H=16, S=8192, d=128, bf16 (causal unless ``noncausal`` is given); ``s=SEQ`` sets the
+query length (B = 16384 // SEQ) and ``kv=KV_SEQ`` the key length (default SEQ), e.g. ``fwd s=1024``
+for the short launches whose time goes to once-per-program code (ncu_summary's regions). Pin the forward's
 launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) so that the autotuner's trial launches do not
 shift the launch count. Launches per call: forward ``_fwd_kernel`` 1; backward (matched)
 ``_bwd_dq_prequant_kernel`` 2 (LSE'/D, then dQ), ``_bwd_dkdv_prequant_kernel`` 2 (dK, then dV).
@@ -34,12 +36,16 @@ FAMILIES = ("fwd", "bwd", "gluon_ws")
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in FAMILIES:
-        print(f"usage: ncu_target.py {{{','.join(FAMILIES)}}} [noncausal]", file=sys.stderr)
+        print(f"usage: ncu_target.py {{{','.join(FAMILIES)}}} [noncausal] [s=SEQ] [kv=KV_SEQ]", file=sys.stderr)
         return 2
     family, causal = argv[0], "noncausal" not in argv[1:]
-    b, h, s, d = 2, 16, 8192, 128
+    opts = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
+    s = int(opts.get("s", 8192))
+    kv = int(opts.get("kv", s))
+    b, h, d = max(16384 // s, 1), 16, 128  # 16k query tokens per batch
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    q, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(b, h, kv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     cfg, mask = FP8AttentionConfig(), MaskSpec(causal=causal)
     if family == "fwd":
         def call():

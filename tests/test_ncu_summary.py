@@ -40,6 +40,10 @@ def test_summary_finds_the_hottest_loop_and_its_opcodes(tmp_path):
     assert "FMUL 2, FMNMX.NAN 1, BRA 1" in text  # predicate stripped, suffix kept in the loop counts
     assert "wait 80.0%, barrier 20.0%" in text  # 80 of 100 samples wait, 20 barrier
     assert "(89% of all executed)" in text  # 4000 of 4501 executed instructions
+    # 60 of 100 samples in the loop (run 1000 times), 35 in the epilogue, 5 in the prologue.
+    assert "stall samples by execution count: 1,000: 60.0%, 500: 35.0%, 1: 5.0%" in text
+    assert "instructions 1-4 (run 1,000 times): 60.0% of samples; FMUL 2, FMNMX 1, BRA 1" in text
+    assert "instructions 5-5 (run 500 times): 35.0% of samples; STG 1" in text
 
 
 def test_summary_names_what_is_wrong_with_other_csv(tmp_path):
