@@ -16,9 +16,9 @@ Reference maths (same as :func:`hf_fp8_attention.quant.quantize`)::
     scale = max(amax(|block|) / FMT_MAX, 2^-126)   (rounded up to a power of two with pow2; 1 if amax == 0)
     code  = fp8_rne(clamp(x / scale, -FMT_MAX, FMT_MAX))
 
-The division gives IEEE round-to-nearest quotients (PyTorch's; :func:`divide_by_scale` forms them
-with FMAs), so on a GPU with a saturating round-to-nearest-even FP8 conversion the codes and scales
-equal the emulation's bit for bit.
+The division gives IEEE round-to-nearest quotients, as PyTorch's (``div_rn``; for row scales
+:func:`divide_by_scale`, which forms them with FMAs), so on a GPU with a saturating
+round-to-nearest-even FP8 conversion the codes and scales equal the emulation's bit for bit.
 NaN/Inf in a block give a non-finite scale, so the block dequantizes to NaN/Inf, never to garbage.
 """
 from __future__ import annotations

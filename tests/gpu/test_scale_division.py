@@ -1,7 +1,8 @@
-"""``divide_by_scale`` (every kernel's x / scale before the fp8 cast) against IEEE division, on the GPU.
+"""``divide_by_scale`` (x / scale before the fp8 cast, for row scales) against IEEE division, on the GPU.
 
-The kernels form x / scale with FMAs from a per-block reciprocal of the scale's mantissa, after an
-exact power-of-two prescale, instead of ``div.rn.f32`` (see
+For row scales (the forward's Q, the quantization kernel's row-wise copy) the kernels form x / scale
+with FMAs from a per-block reciprocal of the scale's mantissa, after an exact power-of-two prescale,
+instead of ``div.rn.f32`` (see
 :func:`hf_fp8_attention.kernels.quantize.divide_by_scale`). Their codes must stay those of PyTorch's
 ``x / scale`` cast to fp8, so the quotients must be the correctly rounded ones wherever a code can
 tell: bit for bit for |x / scale| >= 2^-64, and below that a zero of the quotient's sign (every fp8
@@ -107,9 +108,9 @@ def test_divide_by_scale_equals_ieee_division():
 
 @pytest.mark.parametrize("fmt", [FP8Format.E4M3, FP8Format.E5M2])
 def test_quantize_kernel_is_bit_exact_at_extreme_scales(fmt):
-    # Blocks from 2^-140 (subnormal elements, scale at its 2^-126 floor) to 2^120 in magnitude, with
-    # elements far below their block's amax (tiny quotients: signed zero codes) and blocks holding
-    # +inf or NaN: codes and scales equal the CPU emulation's bit for bit.
+    # Blocks from subnormal magnitudes (scale at its 2^-126 floor) to fp32's largest, with elements
+    # far below their block's amax (tiny quotients: signed zero codes) and blocks holding +inf or
+    # NaN: codes and scales of both copies equal the CPU emulation's bit for bit.
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(1, 4, 512, 64, generator=gen)
     x = x * torch.logspace(-42, 36, 64)  # channel magnitudes 1e-42 .. 1e36
