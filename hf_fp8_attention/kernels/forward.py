@@ -232,12 +232,10 @@ def _fwd_kernel(
     # short launch's stall samples. A runtime branch around the trailing loop made the non-causal
     # forward slower (benchmarks/NOTES.md, eleventh session).
     if HAS_WINDOW:
-        if t_lo < f_lo:
-            acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base,
-                                              vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
-                                              t_lo, f_lo, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N,
-                                              BLOCK_D, LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT,
-                                              REF_SLACK)
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
+                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
