@@ -37,6 +37,9 @@ FORWARD_CASES = {
     "causal_gqa4_d96": (2, 4, 1, 33, 33, 96, True, None, None, "float32", False, 16, 32),
     "window_causal_skips_tiles": (1, 2, 2, 70, 70, 64, True, 9, None, "float32", False, 16, 16),
     "window_noncausal": (1, 2, 2, 37, 50, 64, False, 8, None, "float32", False, 16, 16),
+    # Sk a multiple of block_k: the masked tiles (diagonal, window edges) load like interior ones.
+    "window_causal_kv_aligned": (1, 2, 2, 50, 64, 64, True, 9, None, "float32", False, 16, 16),
+    "window_noncausal_kv_aligned": (1, 2, 1, 37, 48, 64, False, 8, None, "float32", False, 16, 16),
     "len1_decode": (1, 2, 1, 1, 45, 128, True, None, None, "float32", False, 32, 16),
     "len17": (1, 1, 1, 17, 17, 128, True, None, None, "float32", True, 16, 16),
     "varlen_causal": (1, 2, 1, None, None, 64, True, None, ([0, 5, 22, 22, 40], [0, 5, 22, 22, 40]),

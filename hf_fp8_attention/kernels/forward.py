@@ -68,7 +68,7 @@ def _visit_tiles(
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    REF_SLACK: tl.constexpr,
+    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
 
@@ -79,7 +79,9 @@ def _visit_tiles(
     TMA (interior tiles of unpacked batches only): the K and Vᵀ code tiles come by TMA
     through ``k_desc`` (rows of K's codes, 2-D) and ``vt_desc`` (rows of Vᵀ's codes, 2-D) from row
     ``k_row0`` / ``vt_row0`` and key ``k_start``: no per-thread addresses, fewer instructions and
-    registers than pointer loads. Boundary tiles keep masked pointer loads (zeros past the sequence).
+    registers than pointer loads. Boundary tiles keep masked pointer loads (zeros past the sequence),
+    except with KV_ALIGNED (dense launch, Sk a multiple of BLOCK_N): no tile reaches past the
+    sequence, so masked tiles load like interior ones and are masked by position only.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -89,7 +91,9 @@ def _visit_tiles(
         k_ptrs = k_base + offs_n[None, :].to(tl.int64) * BLOCK_D + offs_d[:, None]
         # Vᵀ stored (D, S_pad): the (N, D) view is contiguous along N = K-major B operand of PV.
         v_ptrs = vt_base + offs_d[None, :].to(tl.int64) * S_PAD + offs_n[:, None]
-        if MASKED:
+        # KV_ALIGNED (dense, Sk a multiple of BLOCK_N): every tile lies within the sequence, so the
+        # masked tiles (diagonal, window edge) load like interior ones and mask only by position.
+        if MASKED and not KV_ALIGNED:
             n_ok = offs_n < kv_len
             k_codes = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
             k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
@@ -107,7 +111,10 @@ def _visit_tiles(
         # row max commutes with the row factor and exponents are one FMA: q2·x − q2·max(x).
         x = tl.dot(q_codes, k_codes) * k_scale[None, :]
         if MASKED:
-            visible = n_ok[None, :]
+            if KV_ALIGNED:
+                visible = offs_n[None, :] < kv_len
+            else:
+                visible = n_ok[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= pos_q[:, None])
             if HAS_WINDOW:
@@ -151,7 +158,7 @@ def _fwd_kernel(
     Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    REF_SLACK: tl.constexpr,
+    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e. ``k_desc`` / ``vt_desc``:
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
@@ -235,15 +242,15 @@ def _fwd_kernel(
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
                                           kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi, kv_len,
                                       window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK)
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -300,13 +307,13 @@ def _sm_count(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int,
-                 tma: bool) -> dict:
+                 tma: bool, kv_aligned: bool) -> dict:
     """The forward kernel's constexprs (cached: rebuilt only for a new recipe or mask kind)."""
     return dict(
         BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), TMA=tma, CAUSAL=causal, HAS_WINDOW=has_window,
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
-        **cast_meta(config.p_format, "P"), CVT=cvt, REF_SLACK=REF_SLACK,
+        **cast_meta(config.p_format, "P"), CVT=cvt, REF_SLACK=REF_SLACK, KV_ALIGNED=kv_aligned,
     )
 
 
@@ -404,7 +411,8 @@ def triton_forward(
         cu_q, cu_k, tile_off, hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
         float(scale) * LOG2E, window,
     )
-    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma)
+    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
+                        not varlen and sk % config.block_k == 0)
     if max(rows, 0) == 0:
         return out, lse
 
