@@ -278,12 +278,14 @@ def _tile_bounds_kernel(P, OUT, N, KEY_TILES: tl.constexpr, BLOCK_Q: tl.constexp
 @pytest.mark.parametrize("has_window", [False, True], ids=["", "window"])
 def test_interior_tile_ranges_against_brute_force(key_tiles, causal, has_window):
     """Interior tiles [f_lo, f_hi) are exactly the fully visible in-range tiles, and no tile outside
-    [t_lo, t_hi) holds a visible pair: every length residue, q_len < and > k_len, partial tiles."""
+    [t_lo, t_hi) holds a visible pair: every length residue, q_len < and > k_len, partial tiles.
+    The boundary ranges that the kernels do not compile (ALIGNED in backward_prequant) are empty."""
     windows = (1, 7, 16, 20, 33, 47) if has_window else (0,)
     for block_q, block_k in ((16, 16), (32, 16), (16, 32)):
         fixed_block = block_q if key_tiles else block_k
         params = [(first, q_len, k_len, window)
-                  for q_len in range(1, 65, 7) for k_len in range(1, 65, 5) for window in windows
+                  for q_len in (*range(1, 65, 7), 32, 48) for k_len in (*range(1, 65, 5), 32, 48, 64)
+                  for window in windows
                   for first in range(0, q_len if key_tiles else k_len, fixed_block)]
         p = torch.tensor(params, dtype=torch.int32)
         out = torch.empty_like(p)
@@ -311,3 +313,10 @@ def test_interior_tile_ranges_against_brute_force(key_tiles, causal, has_window)
             assert 0 <= t_lo <= f_lo <= f_hi <= t_hi, case
             assert full == set(range(f_lo, f_hi)), (case, sorted(full))
             assert seen <= set(range(t_lo, t_hi)), (case, sorted(seen))
+            aligned = q_len % block_q == 0 and k_len % block_k == 0
+            if key_tiles:  # dQ kernel: leading loop only with a window, trailing as below
+                leading_compiled, trailing_compiled = has_window, causal or has_window or not aligned
+            else:  # dK/dV kernel: leading loop for the causal diagonal or a window
+                leading_compiled, trailing_compiled = causal or has_window, has_window or not aligned
+            assert leading_compiled or t_lo == f_lo, case
+            assert trailing_compiled or f_hi == t_hi, case

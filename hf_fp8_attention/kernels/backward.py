@@ -537,6 +537,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
+            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0,
             **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
@@ -547,6 +548,7 @@ def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg
             lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0,
             **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
 

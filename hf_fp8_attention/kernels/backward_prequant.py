@@ -299,14 +299,18 @@ def _bwd_dq_prequant_kernel(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
-    INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr,
+    INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
 
     STATS: form LSE', LSE'^do = LSE' − log2 sdo and D' = D / sdo and store them (LSE2, LSE2DO,
     DELTA); GRADS: form and store dQ. Matched, they may run as two launches (STATS only, then GRADS
     only, reading LSE'^do and D' back): the statistics pass then holds no dQ operands in shared
-    memory, so more programs fit on an SM (LAUNCH["split_dq_stats"])."""
+    memory, so more programs fit on an SM (LAUNCH["split_dq_stats"]).
+
+    ALIGNED (dense launch, SQ a multiple of BLOCK_Q and SK of BLOCK_K): no tile is partial, so the
+    trailing boundary loop is compiled only for the causal diagonal or a window, and the leading one
+    only for a window (it is empty otherwise): its prologue would run in every program."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -348,15 +352,17 @@ def _bwd_dq_prequant_kernel(
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, f_lo,
-                                        True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+        if HAS_WINDOW:
+            m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
+                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo,
+                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
         m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
                                         False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi, t_hi,
-                                        True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+        if CAUSAL or HAS_WINDOW or not ALIGNED:
+            m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
+                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi,
+                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
@@ -381,18 +387,20 @@ def _bwd_dq_prequant_kernel(
     dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
     pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
-                                     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
-                                     window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+    if HAS_WINDOW:
+        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+                                         kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+                                         window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
     dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
-                                     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
-                                     window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+    if CAUSAL or HAS_WINDOW or not ALIGNED:
+        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+                                         kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+                                         window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
     dq = dq * tau
     dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -467,11 +475,14 @@ def _bwd_dkdv_prequant_kernel(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
-    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
     tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
-    holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py)."""
+    holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py).
+
+    ALIGNED (as in the dQ kernel): the leading boundary loop is compiled only for the causal
+    diagonal or a window, the trailing one only for a window."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -512,18 +523,20 @@ def _bwd_dkdv_prequant_kernel(
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
-                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-                             q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
+        if CAUSAL or HAS_WINDOW:
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                                 lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                                 q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
+                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                              lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
                              BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
-                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-                             q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
+        if HAS_WINDOW or not ALIGNED:
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                                 lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                                 q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
+                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
     st_mask = col_ok[:, None] & d_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     if COMPUTE_DK:
