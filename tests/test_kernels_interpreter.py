@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # name: (B, Hq, Hkv, Sq, Sk, D, causal, window, varlen cu_seqlens_q / _k, dtype, pow2, block_k, block_m)
 FORWARD_CASES = {
     "full": (1, 2, 1, 20, 37, 64, False, None, None, "float32", False, 16, 16),
+    # Sk a multiple of block_k, no causal mask or window: only the interior loop is compiled.
+    "full_kv_aligned": (1, 2, 1, 20, 48, 64, False, None, None, "float32", False, 16, 16),
     "causal_end_aligned": (1, 2, 1, 20, 37, 64, True, None, None, "float32", False, 16, 16),
     "causal_gqa4_d96": (2, 4, 1, 33, 33, 96, True, None, None, "float32", False, 16, 32),
     "window_causal_skips_tiles": (1, 2, 2, 70, 70, 64, True, 9, None, "float32", False, 16, 16),

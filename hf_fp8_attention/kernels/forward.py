@@ -236,8 +236,9 @@ def _fwd_kernel(
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     # Without a window there are no leading masked tiles (key_lo = full_lo = 0), and that loop is not
     # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
-    # short launch's stall samples. A runtime branch around the trailing loop made the non-causal
-    # forward slower (benchmarks/NOTES.md, eleventh session).
+    # short launch's stall samples. The trailing loop is empty too without causal mask or window
+    # when Sk is a multiple of BLOCK_N (KV_ALIGNED), and then not compiled either. (A runtime branch
+    # around it made the non-causal forward slower: benchmarks/NOTES.md, eleventh session.)
     if HAS_WINDOW:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
@@ -247,10 +248,11 @@ def _fwd_kernel(
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
                                       P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
-    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
-                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi, kv_len,
-                                      window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
+    if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi,
+                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
