@@ -11,9 +11,10 @@ training step (forward + backward of the attention op alone, over what the input
 
 FLOPs: forward 4·B·H·S²·D (halved under a causal mask), backward 2.5x forward, fwd+bwd 3.5x.
 Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 MB L2). The whole
-grid is timed --passes times and the last pass is reported (the JSON keeps the earlier ones): in a
-single pass, the first shape timed for a mask kind twice read 22-25% below its time in an A/B of
-the same call (benchmarks/NOTES.md, twelfth session).
+grid is timed --passes times; the table reports the last pass and the JSON keeps the earlier
+medians beside it, so run-to-run spread is on record. Forward-only rows at S <= 2k sit near the
+host's issue time (~0.27 ms per call against 0.34-0.59 ms of GPU time): when the host is slow they
+time the host, and they varied by up to 30% between passes (benchmarks/NOTES.md, twelfth session).
 
 Writes ``<out-dir>/<tag>.md`` and ``.json`` with the GPU name and torch / triton / CUDA / cuDNN
 versions, and prints the table last.
