@@ -210,6 +210,10 @@ SPLIT_CASES = {
     "varlen_causal_gqa": ((1, 2, 1, 100, 100, 64), {"causal": True, "cu": ([0, 7, 60, 100], [0, 10, 70, 100])},
                           (16, 32)),
     "varlen_window_noncausal": ((1, 1, 1, 90, 90, 64), {"window": 40, "cu": ([0, 41, 90], [0, 33, 88])}, (16, 16)),
+    # aligned launches (every length a multiple of its tile): only the boundary loops that can visit a tile
+    "causal_gqa_aligned": ((1, 2, 1, 64, 64, 64), {"causal": True}, (16, 32)),
+    "causal_window_aligned": ((1, 1, 1, 64, 96, 64), {"causal": True, "window": 64}, (16, 32)),
+    "window_noncausal_aligned": ((1, 1, 1, 96, 64, 64), {"window": 48}, (16, 16)),
 }
 TILE_LOOPS = ("_dq_stats_tiles", "_dq_tiles", "_dkdv_tiles")
 
