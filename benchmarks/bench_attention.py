@@ -157,7 +157,8 @@ def run(args) -> tuple[dict, list[dict]]:
     rows = []
     earlier = {}  # (shape, key) -> ms of the earlier passes
     shapes = [(d, causal, h, s) for d in args.dims for causal in args.causal for h in args.heads for s in args.seqlens]
-    for last_pass in [False] * (args.passes - 1) + [True]:
+    for pass_no in range(1, args.passes + 1):
+        last_pass = pass_no == args.passes
         for d, causal, h, s in shapes:
             b = max(args.tokens // s, 1)
             gen = torch.Generator(device="cuda").manual_seed(s + h + d)
@@ -181,7 +182,8 @@ def run(args) -> tuple[dict, list[dict]]:
                         past.append(ms)
                     except Exception as err:  # noqa: BLE001 (an unsupported SDPA backend: record it)
                         row[key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-            if not last_pass:
+            if not last_pass:  # its rows are printed in the last pass; say how far this one got
+                print(f"pass {pass_no} of {args.passes}: S={s} H={h} D={d} causal={causal} timed", flush=True)
                 del q, k, v
                 continue
             if args.memory:
