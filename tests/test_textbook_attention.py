@@ -4,8 +4,10 @@ The script's speed comparison means something only if its kernels are right, so 
 checks (forward output, dQ, dK, dV; every RECIPE level of the forward and dQ kernels) run here on a
 few launch shapes, including query tiles shorter and longer than key tiles under a causal mask.
 FP8 only: the interpreter's bf16 arithmetic is not meaningful. The bound (1.5e-1) is the script's:
-per-tensor E4M3 operands and unscaled P alone give relative errors of ~5e-2 at S = 1024 (~7e-2 at
-S = 256 on random data, where O is small); a missing mask or a wrong scale gives errors of order 1.
+per-tensor E4M3 operands and unscaled P give relative errors of 4.5-6.6e-2 at S = 1024 on the H200,
+and up to 1.0e-1 here (S = 256, Gaussian data, and the interpreter's fp8 casts truncate instead of
+rounding). The inputs are seeded, so the run is deterministic; a dropped causal mask gave 3.4 and a
+dropped channel scale 1e2.
 """
 from __future__ import annotations
 
