@@ -53,6 +53,38 @@ class BackwardPrecision(str, enum.Enum):
     BF16 = "bf16"
 
 
+class Granularity(str, enum.Enum):
+    """How many scales an operand gets, along the axis that is not contracted.
+
+    For the operands of the matmuls that contract over the head dim (Q, K in QKᵀ; dO, V in dO·Vᵀ):
+    ``TOKEN``, one scale per token; ``HEAD``, one scale per (sequence, head).
+    For the operands contracted over tokens (V in PV, dO in Pᵀ dO, K in dS K, Q in dSᵀ Q):
+    ``TILE``, one scale per channel within each tile of ``block_q`` / ``block_k`` tokens;
+    ``CHANNEL``, one scale per channel per (sequence, head); ``HEAD``, one per (sequence, head).
+    A "sequence" is a batch row, or one packed sequence of a varlen batch: scales never cross a
+    sequence boundary.
+    """
+
+    TOKEN = "token"
+    TILE = "tile"
+    CHANNEL = "channel"
+    HEAD = "head"
+
+
+class PScaling(str, enum.Enum):
+    """How P is quantized for the PV and Pᵀ dO matmuls.
+
+    ``TILE``: the forward's P per row within each key tile (codes relative to the tile's row
+    maximum), the backward's per column within each query tile (an amax per column).
+    ``FIXED``: the backward's P = exp(S − LSE) lies in [0, 1] and is cast on the fixed grid
+    fp8(448 · P) (scale 1/448, no amax); the forward keeps its tile-relative codes, whose scale
+    folds into the online-softmax rescale it does anyway.
+    """
+
+    TILE = "tile"
+    FIXED = "fixed"
+
+
 class Backend(str, enum.Enum):
     """Which implementation runs: ``AUTO`` picks Triton kernels on capable GPUs, else emulation."""
 
@@ -62,6 +94,8 @@ class Backend(str, enum.Enum):
 
 
 _TILE_SIZES = (16, 32, 64, 128, 256)
+_ROW_GRANULARITIES = (Granularity.TOKEN, Granularity.HEAD)
+_COL_GRANULARITIES = (Granularity.TILE, Granularity.CHANNEL, Granularity.HEAD)
 _FIXED_E4M3_ROLES = ("q_format", "k_format", "v_format", "p_format")
 
 
@@ -92,6 +126,17 @@ class FP8AttentionConfig:
     The forward's P is the exception: it is always quantized against its tile row maximum (its scale
     is an fp32 factor folded into the online-softmax rescale, where a power of two buys nothing).
 
+    Scale granularity (:class:`Granularity`): ``qdo_scales`` for Q and dO and ``kv_scales`` for K
+    and V in the matmuls contracted over the head dim (QKᵀ, dO·Vᵀ): ``"token"`` or ``"head"``;
+    ``channel_scales`` for the operands contracted over tokens (V in PV, dO in Pᵀ dO, K in dS K, Q
+    in dSᵀ Q): ``"tile"``, ``"channel"`` or ``"head"``. ``p_scales``: :class:`PScaling`.
+
+    Exact transforms of the QKᵀ operands (QKᵀ's softmax is unchanged, so only the quantization
+    error changes): ``smooth_k`` subtracts the keys' channel mean over each (sequence, kv head)
+    before K is quantized for QKᵀ (each row of S shifts by a constant); ``hadamard`` rotates Q
+    and K along the head dim by a ±1 Hadamard matrix (blocks of 32 channels for head dims that
+    are not a power of two), folding its 1/size into the softmax scale.
+
     ``delta`` picks Delta-Matching (``"matched"``) or the stale rowsum(dO ∘ O) (``"stale"``);
     ``backward`` picks FP8 backward matmuls (``"fp8"``) or the hybrid bf16 backward (``"bf16"``).
     ``backend`` forces the Triton kernels or the PyTorch emulation; ``"auto"`` chooses by device.
@@ -106,6 +151,12 @@ class FP8AttentionConfig:
     block_q: int = 128
     block_k: int = 128
     pow2_scales: bool = False
+    qdo_scales: Granularity = Granularity.TOKEN
+    kv_scales: Granularity = Granularity.TOKEN
+    channel_scales: Granularity = Granularity.CHANNEL
+    p_scales: PScaling = PScaling.TILE
+    smooth_k: bool = True
+    hadamard: bool = True
     delta: DeltaMode = DeltaMode.MATCHED
     backward: BackwardPrecision = BackwardPrecision.FP8
     backend: Backend = Backend.AUTO
@@ -117,6 +168,14 @@ class FP8AttentionConfig:
         object.__setattr__(self, "delta", _coerce_enum(DeltaMode, self.delta, "delta"))
         object.__setattr__(self, "backward", _coerce_enum(BackwardPrecision, self.backward, "backward"))
         object.__setattr__(self, "backend", _coerce_enum(Backend, self.backend, "backend"))
+        object.__setattr__(self, "p_scales", _coerce_enum(PScaling, self.p_scales, "p_scales"))
+        for name, allowed in (("qdo_scales", _ROW_GRANULARITIES), ("kv_scales", _ROW_GRANULARITIES),
+                              ("channel_scales", _COL_GRANULARITIES)):
+            value = _coerce_enum(Granularity, getattr(self, name), name)
+            if value not in allowed:
+                choices = ", ".join(repr(g.value) for g in allowed)
+                raise ValueError(f"FP8AttentionConfig.{name}={value.value!r} is not one of {choices}")
+            object.__setattr__(self, name, value)
         for name in _FIXED_E4M3_ROLES:
             if getattr(self, name) is not FP8Format.E4M3:
                 raise ValueError(
@@ -127,8 +186,9 @@ class FP8AttentionConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value not in _TILE_SIZES:
                 raise ValueError(f"FP8AttentionConfig.{name}={value!r} must be one of {_TILE_SIZES}")
-        if not isinstance(self.pow2_scales, bool):
-            raise ValueError(f"FP8AttentionConfig.pow2_scales must be a bool, got {self.pow2_scales!r}")
+        for name in ("pow2_scales", "smooth_k", "hadamard"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FP8AttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
     def replace(self, **changes) -> "FP8AttentionConfig":
         """A copy with some fields changed (validated like a new config)."""
@@ -142,11 +202,26 @@ class FP8AttentionConfig:
         return RECIPES[name].replace(**overrides) if overrides else RECIPES[name]
 
 
+# Today's first-release recipe: per-token scales for the head-dim contractions, per-tile channel
+# scales for the token contractions, no transforms. Kept so that every comparison can be rerun.
+_TILE_RECIPE = dict(channel_scales=Granularity.TILE, smooth_k=False, hadamard=False)
+# One scale per (sequence, head) for Q, K, V and dO everywhere, P on the fixed grid: the fewest
+# per-element operations in the kernels.
+_FAST_RECIPE = dict(qdo_scales=Granularity.HEAD, kv_scales=Granularity.HEAD, channel_scales=Granularity.HEAD,
+                    p_scales=PScaling.FIXED)
+
 RECIPES: dict[str, FP8AttentionConfig] = {
-    # The product: FP8 forward and backward, Delta-Matching.
+    # The product: per-token Q, K, V, dO for QKᵀ / dO·Vᵀ, per-(sequence, head) channel scales,
+    # K-smoothing and Hadamard rotation for QKᵀ, Delta-Matching.
     "fp8_delta": FP8AttentionConfig(),
     # The ablation baseline: the same FP8 matmuls with the stale delta rowsum(dO ∘ O).
     "fp8_stale": FP8AttentionConfig(delta=DeltaMode.STALE),
+    # Per-tensor scales, fixed-grid P: the speed recipe, still delta-matched.
+    "fp8_delta_fast": FP8AttentionConfig(**_FAST_RECIPE),
+    "fp8_stale_fast": FP8AttentionConfig(**_FAST_RECIPE, delta=DeltaMode.STALE),
+    # The first release's recipe (per-tile channel scales, no transforms).
+    "fp8_delta_tile": FP8AttentionConfig(**_TILE_RECIPE),
+    "fp8_stale_tile": FP8AttentionConfig(**_TILE_RECIPE, delta=DeltaMode.STALE),
     # FP8 forward, bf16 backward (what many systems ship), with either delta.
     "hybrid_delta": FP8AttentionConfig(backward=BackwardPrecision.BF16),
     "hybrid_stale": FP8AttentionConfig(backward=BackwardPrecision.BF16, delta=DeltaMode.STALE),

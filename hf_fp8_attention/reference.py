@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig
+from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig, Granularity, PScaling
 from .masking import MaskSpec, dense_mask
 from .quant import fake_quantize
+from .transforms import hadamard_block, key_mean, rotate
 
 
 @dataclass
@@ -85,25 +86,72 @@ def _forward_p(logits: torch.Tensor, lse: torch.Tensor, config: FP8AttentionConf
     tiles = padded.reshape(*logits.shape[:-1], n_tiles, bc)
     m_tile = tiles.amax(dim=-1, keepdim=True)
     empty = m_tile == float("-inf")
-    codes = (fmt.max * torch.exp(tiles - torch.where(empty, 0.0, m_tile))).to(fmt.dtype)
+    codes = fp8_round(fmt.max * torch.exp(tiles - torch.where(empty, 0.0, m_tile)), fmt)
     tile_scale = torch.where(empty, 0.0, torch.exp(m_tile - lse[..., None, None]) / fmt.max)
-    return (codes.float() * tile_scale).reshape(padded.shape)[..., :sk]
+    return (codes * tile_scale).reshape(padded.shape)[..., :sk]
 
 
-def _fq_row(x, fmt, config):
-    """Per-token quantization (scale constant along the head dim)."""
+def fp8_round(x: torch.Tensor, fmt) -> torch.Tensor:
+    """fp32 ``x`` (within ±FMAX) rounded onto ``fmt``'s grid: the cast of P's codes."""
+    return x.to(fmt.dtype).float()
+
+
+def _fq_row(x, fmt, granularity, config):
+    """The operand of a head-dim contraction: one scale per token (TOKEN) or per (sequence, head)
+    (HEAD: amax over the sequence's tokens and channels). ``x (..., S, D)``."""
+    if granularity is Granularity.HEAD:
+        flat = x.reshape(*x.shape[:-2], -1)
+        return fake_quantize(flat, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales).reshape(x.shape)
     return fake_quantize(x, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales)
+
+
+def _fq_col(x, fmt, block, config):
+    """The operand of a token contraction ``x (..., S, D)``: per channel within each ``block``
+    tokens (TILE), per channel over the sequence (CHANNEL), or one scale per (sequence, head)."""
+    granularity = config.channel_scales
+    if granularity is Granularity.HEAD:
+        flat = x.reshape(*x.shape[:-2], -1)
+        return fake_quantize(flat, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales).reshape(x.shape)
+    block = block if granularity is Granularity.TILE else None
+    return fake_quantize(x, dim=-2, block=block, fmt=fmt, pow2=config.pow2_scales)
+
+
+def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The fake-quantized operands of S = QKᵀ (F1 and B1) and the factor the logits take.
+
+    ``qg (B, Hkv, G, Sq, D)``, ``k (B, Hkv, Sk, D)`` of one sequence. K-smoothing subtracts the keys'
+    channel mean, the rotation multiplies both by the ±1 Hadamard matrix (module
+    :mod:`..transforms`); returns fp32 ``(q_op, k_op, factor)`` with QKᵀ = factor · q_op k_opᵀ up to
+    the quantization error (factor 1/block with the rotation, else 1).
+    """
+    q_t, k_t, factor = qg.float(), k.float(), 1.0
+    if config.smooth_k:
+        k_t = k_t - key_mean(k)
+    if config.hadamard:
+        q_t, k_t = rotate(q_t), rotate(k_t)
+        factor = 1.0 / hadamard_block(qg.shape[-1])
+    q_op = _fq_row(q_t, config.q_format, config.qdo_scales, config)
+    k_op = _fq_row(k_t, config.k_format, config.kv_scales, config)
+    return q_op, k_op, factor
 
 
 def _dense_forward(q, k, v, scale, causal, window, config):
     hkv = k.shape[1]
-    qs = _fq_row(_grouped(q, hkv), config.q_format, config)
-    ks = _fq_row(k, config.k_format, config)
-    vs = fake_quantize(v, dim=-2, block=config.block_k, fmt=config.v_format, pow2=config.pow2_scales)
-    logits = _masked_logits(qs, ks, scale, causal, window)
+    qs, ks, factor = qk_operands(_grouped(q, hkv), k, config)
+    vs = _fq_col(v, config.v_format, config.block_k, config)
+    logits = _masked_logits(qs, ks, scale * factor, causal, window)
     lse = torch.logsumexp(logits, dim=-1)
     out = _rows_times(_forward_p(logits, lse, config), vs)
     return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
+
+
+def _backward_p(p: torch.Tensor, config: FP8AttentionConfig) -> torch.Tensor:
+    """The backward's P as B3 (dV = Pᵀ dO) sees it: per column within each query tile (TILE), or
+    on the fixed grid fp8(FMAX · P) / FMAX (FIXED; P <= 1, so no code saturates)."""
+    fmt = config.p_format
+    if config.p_scales is PScaling.FIXED:
+        return fp8_round(p * fmt.max, fmt) / fmt.max
+    return fake_quantize(p, dim=-2, block=config.block_q, fmt=fmt, pow2=config.pow2_scales)
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -117,12 +165,13 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want
     fp8 = config.backward is BackwardPrecision.FP8
     if fp8:
         # B1 and B2: identical quantization to F1, so the logits are bit-identical to the forward's.
-        qs, ks = _fq_row(qg, config.q_format, config), _fq_row(k, config.k_format, config)
-        dp = _scores(_fq_row(dog, config.do_format, config), _fq_row(v, config.v_format, config))
+        qs, ks, factor = qk_operands(qg, k, config)
+        dp = _scores(_fq_row(dog, config.do_format, config.qdo_scales, config),
+                     _fq_row(v, config.v_format, config.kv_scales, config))
     else:
-        qs, ks = _bf16(qg), _bf16(k)
+        qs, ks, factor = _bf16(qg), _bf16(k), 1.0
         dp = _scores(_bf16(dog), _bf16(v))
-    logits = _masked_logits(qs, ks, scale, causal, window)
+    logits = _masked_logits(qs, ks, scale * factor, causal, window)
     matched = config.delta is DeltaMode.MATCHED
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
@@ -135,20 +184,20 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want
     ds = p * (dp - delta[..., None])
     if fp8:
         pow2, bq, bk = config.pow2_scales, config.block_q, config.block_k
-        # B3 dV = Pᵀ dO: contraction over queries -> per column / per channel within each query tile.
-        dv = _cols_times(
-            fake_quantize(p, dim=-2, block=bq, fmt=config.p_format, pow2=pow2),
-            fake_quantize(dog, dim=-2, block=bq, fmt=config.do_format, pow2=pow2),
-        )
-        # B4 dQ = dS K: contraction over keys -> per row of dS / per channel of K within each key tile.
+        # B3 dV = Pᵀ dO: contraction over queries -> P per column within each query tile (or the
+        # fixed grid), dO by config.channel_scales.
+        dv = _cols_times(_backward_p(p, config), _fq_col(dog, config.do_format, bq, config))
+        # B4 dQ = dS K: contraction over keys -> dS per row within each key tile, K (untransformed)
+        # by config.channel_scales.
         dq = _rows_times(
             fake_quantize(ds, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2),
-            fake_quantize(k, dim=-2, block=bk, fmt=config.k_format, pow2=pow2),
+            _fq_col(k, config.k_format, bk, config),
         )
-        # B5 dK = dSᵀ Q: contraction over queries -> per column of dS / per channel of Q within a query tile.
+        # B5 dK = dSᵀ Q: contraction over queries -> dS per column within each query tile, Q by
+        # config.channel_scales.
         dk = _cols_times(
             fake_quantize(ds, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2),
-            fake_quantize(qg, dim=-2, block=bq, fmt=config.q_format, pow2=pow2),
+            _fq_col(qg, config.q_format, bq, config),
         )
     else:
         dv = _cols_times(_bf16(p), _bf16(dog))
