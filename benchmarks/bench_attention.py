@@ -14,7 +14,7 @@ Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 M
 grid is timed --passes times; the table reports the last pass and the JSON keeps the earlier
 medians beside it, so run-to-run spread is on record. Forward-only rows at S <= 2k sit near the
 host's issue time (~0.27 ms per call against 0.34-0.59 ms of GPU time): when the host is slow they
-time the host, and they varied by up to 30% between passes (benchmarks/NOTES.md, twelfth session).
+time the host, and they varied by up to 30% between passes (benchmarks/NOTES.md, "Host time").
 
 Writes ``<out-dir>/<tag>.md`` and ``.json`` with the GPU name and torch / triton / CUDA / cuDNN
 versions, and prints the table last.

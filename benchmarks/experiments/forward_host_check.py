@@ -1,4 +1,4 @@
-"""Is the public forward host-bound at short sequences? (twelfth session, `results/h200_v17_host_check.log`)
+"""Is the public forward host-bound at short sequences? (v17 kernels, `results/h200_v17_host_check.log`)
 
 Per shape (16k tokens, H = 16, d = 128, causal and not), three rounds of: the do_bench median of
 ``fp8_attention`` under no_grad, the same of ``triton_forward`` called directly, and the host issue

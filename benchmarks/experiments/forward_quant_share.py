@@ -2,7 +2,7 @@
 channel-wise in one launch, as ``triton_forward`` runs it) against two single launches.
 
 ``PYTHONPATH=. python benchmarks/experiments/forward_quant_share.py`` on a GPU; H = 16, d = 128,
-16k tokens per batch, CUDA-graph timing (no host cost). Tenth session: results/h200_v15_forward_quant_share.log.
+16k tokens per batch, CUDA-graph timing (no host cost). v15 kernels: results/h200_v15_forward_quant_share.log.
 """
 import torch
 from triton.testing import do_bench_cudagraph

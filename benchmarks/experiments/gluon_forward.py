@@ -10,7 +10,7 @@ test whether explicit asynchrony beats the Triton kernel:
 Same maths and codes as the Triton kernel (Q quantized by the package's quantizer in one more
 launch); on the H200 the outputs agree with ``triton_forward`` to 2e-5 relative, LSE to 0.
 
-Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Sixth session"): correct, but 0.79-0.88x the
+Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Tried and not kept"): correct, but 0.79-0.88x the
 autotuned Triton forward at S >= 4k (causal 403 vs 476 TFLOP/s at S = 8k, non-causal 460 vs 556),
 so the package does not use it. 128-row tiles over two warpgroups were slower still (the CTA-wide
 barrier before each ring refill keeps the two warpgroups in lockstep), and per-tile scale vectors
@@ -21,7 +21,7 @@ the CTA barrier nor the in-loop scale loads) was no faster: 0.84-0.90x the Trito
 Its ~190 PRMT/LOP3 per tile beyond the Triton kernel's come from carrying P's fp8 codes into the
 next iteration (a loop-carried fp8 tensor is kept as single bytes and repacked each iteration),
 not from the layout conversion. Carrying the codes packed four to an int32 word removed them but
-gained only a few percent (0.84-0.91x the Triton forward; benchmarks/NOTES.md, "Eighth session").
+gained only a few percent (0.84-0.91x the Triton forward; benchmarks/NOTES.md, "Tried and not kept").
 
     python benchmarks/experiments/gluon_forward.py             # on a Hopper GPU: check, then A/B
 """

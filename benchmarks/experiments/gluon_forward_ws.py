@@ -1,6 +1,6 @@
 """EXPERIMENT (not used by the package): the warp-specialized version of ``gluon_forward.py``.
 
-Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Seventh session"): correct (rel O <= 2.1e-5 against
+Outcome (H200, Triton 3.6; benchmarks/NOTES.md, "Tried and not kept"): correct (rel O <= 2.1e-5 against
 ``triton_forward``, LSE equal, on every odd shape; ``results/h200_v12_gluon_ws.log``), but
 0.84-0.90x the Triton forward at S >= 4k: 417 vs 480 TFLOP/s causal and 461 vs 549 non-causal at
 S = 8k. Nsight Compute (``results/h200_v12_ncu_summary.txt``): its loop issues more instructions per
@@ -27,7 +27,7 @@ none of a warpgroup's rows can see, its masked softmax leaves (m, l, acc) unchan
     python benchmarks/experiments/gluon_forward_ws.py --compile-only   # any machine: sm_90a build
     python benchmarks/experiments/gluon_forward_ws.py --overlap-window # any machine: what overlaps P·V
 
-What overlaps P·V in the SASS (``--overlap-window``, ninth session): ptxas puts the wait for P·V
+What overlaps P·V in the SASS (``--overlap-window``): ptxas puts the wait for P·V
 in front of the softmax's first warp shuffle (the row max), so only the K-scale multiply and the
 mask (105-285 SASS instructions per loop, no exp2) run while P·V is in flight, although the PTX
 has the whole softmax between the two waits. With the row max and row sum replaced by shuffle-free

@@ -1,6 +1,6 @@
 """fp8_delta with 64-token recipe blocks (block_q = block_k = 64) against the default 128: accuracy
 against float64 (B = 1, H = 4, S = 2048), then speed (fwd and fwd+bwd, 16k tokens, H = 16, d = 128,
-the two configs alternating, two rounds). Thirteenth session: results/h200_v18_blocks64.log.
+the two configs alternating, two rounds). Measured: results/h200_v18_blocks64.log.
 
     PYTHONPATH=. python benchmarks/experiments/recipe_blocks_64.py
 """
