@@ -125,11 +125,12 @@ def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -
     the quantization error (factor 1/block with the rotation, else 1).
     """
     q_t, k_t, factor = qg.float(), k.float(), 1.0
-    if config.smooth_k:
-        k_t = k_t - key_mean(k)
     if config.hadamard:
+        # K rotated first, then the rotated mean subtracted: the kernels' order (kernels/sequence_stats.py).
         q_t, k_t = rotate(q_t), rotate(k_t)
         factor = 1.0 / hadamard_block(qg.shape[-1])
+    if config.smooth_k:
+        k_t = k_t - (rotate(key_mean(k)) if config.hadamard else key_mean(k))
     q_op = _fq_row(q_t, config.q_format, config.qdo_scales, config)
     k_op = _fq_row(k_t, config.k_format, config.kv_scales, config)
     return q_op, k_op, factor
