@@ -14,15 +14,19 @@ attention kernel), H = 16, d = 128:
 Eleventh session: results/h200_v16_short_sequence_costs.log (before and after its changes).
 """
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hf_fp8_attention import FP8AttentionConfig
-from hf_fp8_attention.kernels import backward_bench
 from hf_fp8_attention.kernels.forward import triton_forward
 from hf_fp8_attention.masking import MaskSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: backward_bench.py
+import backward_bench  # noqa: E402
 
 CFG = FP8AttentionConfig()
 SM = torch.cuda.get_device_properties(0).multi_processor_count
