@@ -147,7 +147,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window_arg
     if prequant:
-        _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+        _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                          n_seq, max_q, max_k, scale, mask, config, debug)
         return dq, dk, dv, dbg_ds, dbg_pabs
     common = dict(
@@ -175,7 +175,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     return dq, dk, dv, dbg_ds, dbg_pabs
 
 
-def _launch_prequant(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                      n_seq, max_q, max_k, scale, mask, config, debug):
     """FP8 mode on operands quantized once up front (kernels in backward_fp8.py). ``lse2``,
     ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module)."""

@@ -28,8 +28,9 @@ reads sdo at all. One multiply per element fewer in the statistics, dQ and dK lo
 changes only by fp32 rounding, so the matched zero-row-sum identity holds as before.
 
 Each tile loop runs in three parts, as in the forward kernel: leading boundary tiles, interior
-tiles, trailing boundary tiles (bounds: :func:`.tiles.key_tiles`, :func:`.tiles.query_tiles`). Interior tiles
-(every row and key in range, every (query, key) pair visible) skip the visibility mask, its
+tiles, trailing boundary tiles (bounds: :func:`.tiles.key_tiles`, :func:`.tiles.query_tiles`).
+Interior tiles (every row and key in range, every (query, key) pair visible) skip the visibility
+mask, its
 ``tl.where`` and the load masks: elementwise work that would otherwise compete with the FP8 MMAs.
 Visible elements see the same operations in the same order either way: bit-identical under the
 interpreter. Compiled with FP fusion (Triton's default), the interior statistics loop may round

@@ -133,7 +133,8 @@ def bwd_dq_inreg_kernel(
     do_op, sdo = _row_operands(do, FP8, DO_MAX, POW2, DO_DTYPE, INTERPRET)
     sq = sq * qk_scale
 
-    # visible key range of this query tile
+    # visible key range of this query tile: the whole range of .tiles.key_tile_range, unsplit (these
+    # kernels mask every tile), its start rounded down to a tile
     lo = 0
     hi = k_len
     if CAUSAL:
@@ -252,7 +253,7 @@ def bwd_dkdv_inreg_kernel(
     k_op, sk = _row_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
     v_op, sv = _row_operands(v, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
 
-    # visible query range of this key tile
+    # visible query range of this key tile: the whole range of .tiles.query_tiles, unsplit
     lo = 0
     hi = q_len
     if CAUSAL:
