@@ -25,7 +25,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   bench_rc=${PIPESTATUS[0]}
   cp "benchmarks/results/$tag.md" "benchmarks/results/$tag.json" "$OUT"/ 2>/dev/null
   # The quantization kernel against copy bandwidth, and the host time of one training step.
-  python -m hf_fp8_attention.kernels.quantize_bench --out "$OUT" 2>&1 | tee "$OUT/quantize_bench.log"
+  python benchmarks/quantize_bench.py --out "$OUT" 2>&1 | tee "$OUT/quantize_bench.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
   python benchmarks/host_overhead.py --cudagraphs --tag "${tag}_host_overhead" 2>&1 | tee "$OUT/host_overhead.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))

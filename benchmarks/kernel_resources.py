@@ -37,10 +37,10 @@ def main(argv=None) -> None:
 
     import hf_fp8_attention  # noqa: F401  (registers the ops)
     from hf_fp8_attention import fp8_attention
-    from hf_fp8_attention.kernels import backward_prequant, forward, quantize
+    from hf_fp8_attention.kernels import backward_fp8, backward_inreg, forward, quantize
 
     seen: dict = {}
-    for module in (forward, backward_prequant, quantize):
+    for module in (forward, backward_fp8, backward_inreg, quantize):
         for obj in vars(module).values():
             if isinstance(obj, triton.runtime.autotuner.Autotuner):
                 obj = obj.fn

@@ -5,10 +5,10 @@ query length (B = 16384 // SEQ) and ``kv=KV_SEQ`` the key length (default SEQ), 
 for the short launches whose time goes to once-per-program code (ncu_summary's regions). Pin the forward's
 launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) so that the autotuner's trial launches do not
 shift the launch count. Launches per call: forward ``_fwd_kernel`` 1; backward (matched)
-``_bwd_dq_prequant_kernel`` 2 (LSE'/D, then dQ), ``_bwd_dkdv_prequant_kernel`` 2 (dK, then dV).
+``bwd_dq_fp8_kernel`` 2 (LSE'/D, then dQ), ``bwd_dkdv_fp8_kernel`` 2 (dK, then dV).
 
     HF_FP8_ATTENTION_FWD_CONFIG=64,4,3 ncu --clock-control none --set full --import-source no \\
-        -k regex:_bwd_dq_prequant_kernel --launch-skip 3 --launch-count 1 -o dq \\
+        -k regex:bwd_dq_fp8_kernel --launch-skip 3 --launch-count 1 -o dq \\
         python benchmarks/ncu_target.py bwd          # skips the warm-up call's two and LSE'/D: dQ
     ncu -i dq.ncu-rep --page source --csv --print-source sass > dq.sass.csv
     python benchmarks/ncu_summary.py dq.sass.csv

@@ -1,4 +1,4 @@
-"""The FP8 attention recipe: one frozen config object holding every knob (DESIGN.md §2).
+"""The FP8 attention recipe: one frozen config object holding every knob (docs/design.md §2).
 
 A config is immutable and hashable, so it can key kernel caches and travel through
 ``torch.library`` custom ops and ``model.config`` unchanged.
@@ -11,6 +11,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
+# Head dims the kernels and the emulation support (the kernels pad each to a power of two).
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
 
 
 class FP8Format(str, enum.Enum):

@@ -1,4 +1,4 @@
-"""Measure the stale-delta bias and the FP8 error of one attention call (DESIGN.md §1).
+"""Measure the stale-delta bias and the FP8 error of one attention call (docs/design.md §1).
 
 Two views of the same defect:
 

@@ -5,12 +5,12 @@ import math
 
 import torch
 
-from .config import FP8AttentionConfig
+from .config import SUPPORTED_HEAD_DIMS, FP8AttentionConfig
 from .identity_cache import IdentityCache
 from .masking import MaskSpec
 from .ops import FP8AttentionFunction
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+__all__ = ["SUPPORTED_HEAD_DIMS", "fp8_attention"]
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -116,6 +116,8 @@ def fp8_attention(
     config: FP8AttentionConfig | None = None,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
 ) -> torch.Tensor:
     """Block-scaled FP8 attention with a delta-matched (or stale) FP8 backward.
 
@@ -131,6 +133,9 @@ def fp8_attention(
         config: the recipe (:class:`FP8AttentionConfig`); default ``FP8AttentionConfig()``.
         cu_seqlens_q, cu_seqlens_k: packed variable-length batch: ``B == 1`` and these int tensors
             ``(n_seq + 1,)`` give each sequence's token range; sequences do not see each other.
+        max_seqlen_q, max_seqlen_k: the longest query / key sequence of a packed batch, when the
+            caller knows it on the host. Eager calls read (and check) the lengths themselves; under
+            torch.compile, without these the kernels read them from ``cu_seqlens`` (a device sync).
     Returns:
         ``(B, Hq, Sq, D)`` in the input dtype (under ``torch.autocast``: the autocast dtype, to
         which q, k, v are cast first, as SDPA does).
@@ -152,7 +157,18 @@ def fp8_attention(
             f"fp8_attention: causal attention needs q_len <= kv_len (diagonal aligned to the end), "
             f"got q_len={q.shape[2]}, kv_len={k.shape[2]}"
         )
-    max_q, max_k = max_lengths if max_lengths is not None else (None, None)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"fp8_attention: {name} must be a non-negative int or None, got {n!r}")
+    if max_lengths is not None:
+        max_q, max_k = max_lengths
+    elif cu_seqlens_q is not None:  # under torch.compile: the caller's values, if any
+        max_q, max_k = max_seqlen_q, max_seqlen_k
+    else:
+        max_q = max_k = None
+    if cu_seqlens_q is not None:  # the canonical mask: int32, contiguous, on the inputs' device (cast once)
+        cu_seqlens_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous()
+        cu_seqlens_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32).contiguous()
     mask = MaskSpec(causal=bool(causal), window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=max_q, max_seqlen_k=max_k)
     return FP8AttentionFunction.apply(q, k, v, float(scale), mask, config)

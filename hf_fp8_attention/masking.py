@@ -17,10 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
+# "No sliding window" as the int the custom ops and the kernels take (MaskSpec.window is None).
+# The kernels read their ``window`` argument only when compiled with HAS_WINDOW.
+NO_WINDOW = -1
+
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """The masking request of one attention call (see the module docstring for the rules)."""
+    """The masking request of one attention call (see the module docstring for the rules).
+
+    The canonical description every implementation reads: ``cu_seqlens_q`` / ``cu_seqlens_k`` are
+    int32, contiguous and on the inputs' device (``functional.fp8_attention`` casts them, once).
+    """
 
     causal: bool = False
     window: int | None = None
@@ -34,6 +42,11 @@ class MaskSpec:
     @property
     def is_varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def window_arg(self) -> int:
+        """``window`` as an int argument: :data:`NO_WINDOW` (-1) when there is none."""
+        return NO_WINDOW if self.window is None else int(self.window)
 
     def sequence_bounds(self) -> list[tuple[int, int, int, int]]:
         """``[(q_start, q_end, k_start, k_end), ...]`` of each packed sequence (varlen only)."""

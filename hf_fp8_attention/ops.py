@@ -4,8 +4,9 @@
   emulation run (rules in its docstring).
 - ``torch.ops.hf_fp8_attention.forward`` / ``.backward`` are custom ops with fake (meta)
   implementations, so ``torch.compile`` traces the attention call as one opaque node (no graph
-  break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none)
-  and the optional ``cu_seqlens`` tensors; the config travels as its canonical string key.
+  break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none),
+  the optional ``cu_seqlens`` tensors and ``max_seqlen_q`` / ``max_seqlen_k`` (-1: unknown, read from
+  ``cu_seqlens`` on the device); the config travels as its canonical string key.
 - The forward op carries its autograd formula (the backward op); :class:`FP8AttentionFunction`
   is the entry point: it calls the ops under torch.compile, and in eager mode runs the same
   implementations (:func:`run_forward` / :func:`run_backward`) through a plain autograd Function,
@@ -24,7 +25,7 @@ import torch
 
 from . import reference
 from .config import Backend, DeltaMode, FP8AttentionConfig
-from .masking import MaskSpec
+from .masking import NO_WINDOW, MaskSpec
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +118,16 @@ def _config_from_key(key: str) -> FP8AttentionConfig:
     return FP8AttentionConfig(**fields)
 
 
-def _mask_spec(causal: bool, window: int, cu_seqlens_q, cu_seqlens_k) -> MaskSpec:
-    return MaskSpec(causal=causal, window=None if window < 0 else window,
-                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+_UNKNOWN_LENGTH = -1  # max_seqlen_q / max_seqlen_k of the custom ops when the host does not know them
+
+
+def _mask_spec(causal: bool, window: int, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+               max_seqlen_k: int) -> MaskSpec:
+    """The MaskSpec of the custom ops' flat arguments (inverse of :func:`_flat_mask`)."""
+    return MaskSpec(causal=causal, window=None if window == NO_WINDOW else window,
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_q=None if max_seqlen_q < 0 else max_seqlen_q,
+                    max_seqlen_k=None if max_seqlen_k < 0 else max_seqlen_k)
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,14 +206,17 @@ def attention_forward(
     window: int,
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     config: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward: ``out (B, Hq, Sq, D)`` contiguous in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
-    return run_forward(q, k, v, scale, _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k), _config_from_key(config))
+    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return run_forward(q, k, v, scale, mask, _config_from_key(config))
 
 
 @attention_forward.register_fake
-def _(q, k, v, scale, causal, window, cu_seqlens_q, cu_seqlens_k, config):
+def _(q, k, v, scale, causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     return out, lse
@@ -224,26 +235,32 @@ def attention_backward(
     window: int,
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     config: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FP8 attention backward: ``(dq, dk, dv)`` contiguous, shapes/dtypes of q, k, v.
 
     ``out`` is read only by the stale delta (None in matched mode).
     """
-    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k)
+    mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return run_backward(q, k, v, out, lse, dout, scale, mask, _config_from_key(config))
 
 
 @attention_backward.register_fake
-def _(q, k, v, out, lse, dout, scale, causal, window, cu_seqlens_q, cu_seqlens_k, config):
+def _(q, k, v, out, lse, dout, scale, causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      config):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
 def _flat_mask(mask: MaskSpec) -> tuple:
-    window = -1 if mask.window is None else int(mask.window)
-    return bool(mask.causal), window, mask.cu_seqlens_q, mask.cu_seqlens_k
+    """The custom ops' mask arguments: (causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k), -1 for no window and for an unknown length."""
+    max_q = _UNKNOWN_LENGTH if mask.max_seqlen_q is None else int(mask.max_seqlen_q)
+    max_k = _UNKNOWN_LENGTH if mask.max_seqlen_k is None else int(mask.max_seqlen_k)
+    return bool(mask.causal), mask.window_arg, mask.cu_seqlens_q, mask.cu_seqlens_k, max_q, max_k
 
 
 def _saved_for_backward(q, k, v, lse, out, config: FP8AttentionConfig) -> tuple:
@@ -252,10 +269,10 @@ def _saved_for_backward(q, k, v, lse, out, config: FP8AttentionConfig) -> tuple:
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, causal, window, cu_q, cu_k, key = inputs
+    q, k, v, scale, causal, window, cu_q, cu_k, max_q, max_k, key = inputs
     out, lse = output
     ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, _config_from_key(key)))
-    ctx.args = (scale, causal, window, cu_q, cu_k, key)
+    ctx.args = (scale, causal, window, cu_q, cu_k, max_q, max_k, key)
     ctx.set_materialize_grads(False)  # an unused LSE output must arrive as None, not zeros
 
 
@@ -264,10 +281,10 @@ def _backward(ctx, dout, dlse):
         # The LSE output is an internal of the backward; nothing in the package differentiates it.
         raise RuntimeError("hf_fp8_attention::forward: gradients through the LSE output are not supported")
     if dout is None:
-        return (None,) * 9
+        return (None,) * 11
     q, k, v, lse, out = ctx.saved_tensors
     dq, dk, dv = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, *(None,) * 8
 
 
 torch.library.register_autograd("hf_fp8_attention::forward", _backward, setup_context=_setup_context)

@@ -1,4 +1,4 @@
-"""PyTorch emulation of the block-scaled FP8 attention recipe, forward and backward (DESIGN.md §2).
+"""PyTorch emulation of the block-scaled FP8 attention recipe, forward and backward (docs/design.md §2).
 
 This is the ground truth the Triton kernels are tested against and the path CPU users get. Every
 FP8 matmul is emulated as an fp32 matmul of fake-quantized operands (``dequantize(quantize(x))``):

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 # Triton decides interpreted vs compiled when a kernel is decorated, i.e. when the kernels module is
-# first imported; conftest.py switches the interpreter on for the whole session on machines without
+# first imported; conftest.py switches the interpreter on for the whole test run on machines without
 # a CUDA GPU. Where it is off (a GPU machine), tests/gpu covers these kernels instead.
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("the Triton interpreter is off in this session (GPU machine: see tests/gpu)", allow_module_level=True)
+    pytest.skip("the Triton interpreter is off (GPU machine: see tests/gpu)", allow_module_level=True)
 
 from hf_fp8_attention import reference
 from hf_fp8_attention.config import FP8AttentionConfig
@@ -31,7 +31,7 @@ kernels = pytest.importorskip("hf_fp8_attention.kernels.backward")
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from hf_fp8_attention.kernels import backward_prequant as prequant  # noqa: E402
+from hf_fp8_attention.kernels import backward_fp8, tiles  # noqa: E402
 
 KERNEL_VS_EMULATION = 1e-4
 TILES = dict(block_q=16, block_k=16)  # small tiles: several tiles (and partial ones) on tiny shapes
@@ -157,21 +157,6 @@ def test_nan_input_is_not_hidden():
     assert not torch.isfinite(dk).all() and not torch.isfinite(dv).all()
 
 
-def test_bad_inputs_raise_clear_errors():
-    q, k, v, do = _inputs(1, 2, 1, 16, 16, 64, seed=1)
-    lse = torch.zeros(1, 2, 16)
-    stale = FP8AttentionConfig(delta="stale")
-    with pytest.raises(ValueError, match="needs the forward output"):
-        kernels.triton_backward(q, k, v, None, lse, do, scale=0.1, mask=MaskSpec(), config=stale)
-    with pytest.raises(ValueError, match="head_dim"):
-        kernels.triton_backward(q[..., :32], k[..., :32], v[..., :32], None, lse, do[..., :32],
-                                scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
-    with pytest.raises(ValueError, match="lse"):
-        kernels.triton_backward(q, k, v, None, lse.double(), do, scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
-    with pytest.raises(ValueError, match="dout"):
-        kernels.triton_backward(q, k, v, None, lse, do[:, :1], scale=0.1, mask=MaskSpec(), config=FP8AttentionConfig())
-
-
 @pytest.mark.parametrize("delta", ["matched", "stale"])
 def test_split_and_fused_launches_give_identical_gradients(delta, monkeypatch):
     """Forming LSE'/D, dQ, dK and dV in separate launches repeats the same operations per element as
@@ -222,14 +207,14 @@ def _count_tiles(monkeypatch):
     """Tiles each loop helper visits, per MASKED flag (the interpreter looks helpers up at each call)."""
     counts = collections.Counter()
     for name in TILE_LOOPS:
-        fn = getattr(prequant, name)
+        fn = getattr(backward_fp8, name)
         at = fn.arg_names.index("MASKED")  # preceded by the tile range t_lo, t_hi
 
         def counted(*args, fn=fn, at=at, name=name):
             counts[name, bool(args[at])] += int(args[at - 1]) - int(args[at - 2])
             return fn(*args)
 
-        monkeypatch.setattr(prequant, name, counted)
+        monkeypatch.setattr(backward_fp8, name, counted)
     return counts
 
 
@@ -270,9 +255,9 @@ def _tile_bounds_kernel(P, OUT, N, KEY_TILES: tl.constexpr, BLOCK_Q: tl.constexp
     first, q_len = tl.load(P + 4 * i, mask=ok), tl.load(P + 4 * i + 1, mask=ok)
     k_len, window = tl.load(P + 4 * i + 2, mask=ok), tl.load(P + 4 * i + 3, mask=ok)
     if KEY_TILES:
-        bounds = prequant._key_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+        bounds = tiles.key_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
     else:
-        bounds = prequant._query_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+        bounds = tiles.query_tiles(first, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
     for j in tl.static_range(4):
         tl.store(OUT + 4 * i + j, bounds[j] + 0 * i, mask=ok)  # + 0 * i: a bound may be a scalar
 
@@ -283,7 +268,7 @@ def _tile_bounds_kernel(P, OUT, N, KEY_TILES: tl.constexpr, BLOCK_Q: tl.constexp
 def test_interior_tile_ranges_against_brute_force(key_tiles, causal, has_window):
     """Interior tiles [f_lo, f_hi) are exactly the fully visible in-range tiles, and no tile outside
     [t_lo, t_hi) holds a visible pair: every length residue, q_len < and > k_len, partial tiles.
-    The boundary ranges that the kernels do not compile (ALIGNED in backward_prequant) are empty."""
+    The boundary ranges that the kernels do not compile (ALIGNED in backward_fp8) are empty."""
     windows = (1, 7, 16, 20, 33, 47) if has_window else (0,)
     for block_q, block_k in ((16, 16), (32, 16), (16, 32)):
         fixed_block = block_q if key_tiles else block_k

@@ -156,3 +156,30 @@ def test_varlen_compiles_without_graph_breaks():
 
     compiled = torch.compile(attend, fullgraph=True)
     assert torch.equal(compiled(q, k, v, cu), attend(q, k, v, cu))
+
+
+def test_compiled_call_carries_the_given_max_lengths(monkeypatch):
+    # Under torch.compile the host cannot read cu_seqlens; lengths the caller passes reach the
+    # implementation through the custom op's max_seqlen_q / max_seqlen_k arguments.
+    from hf_fp8_attention import ops
+
+    q, k, v, _ = make_qkv(sq=40, dtype=torch.float32, seed=22)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int64)  # cast to int32 once, by fp8_attention
+    seen = []
+    run_forward = ops.run_forward
+
+    def spy(q, k, v, scale, mask, config):
+        seen.append((mask.max_seqlen_q, mask.max_seqlen_k, mask.cu_seqlens_q.dtype))
+        return run_forward(q, k, v, scale, mask, config)
+
+    monkeypatch.setattr(ops, "run_forward", spy)
+
+    def attend(q, k, v, cu):
+        return fp8_attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25)
+
+    compiled = torch.compile(attend, fullgraph=True)
+    out = compiled(q, k, v, cu)
+    assert seen[-1] == (25, 25, torch.int32)
+    assert torch.equal(out, attend(q, k, v, cu))
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        fp8_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=-2)

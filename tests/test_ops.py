@@ -83,3 +83,14 @@ def test_eager_path_equals_the_custom_op(recipe):
     assert torch.equal(out_e, out_o)
     for a, b in zip(grads_e, grads_o):
         assert torch.equal(a, b)
+
+
+def test_flat_mask_round_trip_keeps_window_and_max_lengths():
+    from hf_fp8_attention.masking import MaskSpec
+    from hf_fp8_attention.ops import _flat_mask, _mask_spec
+
+    cu = torch.tensor([0, 3, 9], dtype=torch.int32)
+    for mask in (MaskSpec(), MaskSpec(causal=True, window=4),
+                 MaskSpec(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6),
+                 MaskSpec(cu_seqlens_q=cu, cu_seqlens_k=cu)):
+        assert _mask_spec(*_flat_mask(mask)) == mask

@@ -48,13 +48,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
-from .tiles import cdiv, check_compiled_blocks, next_pow2, split_tiles
+from .constants import LOG2E
+from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
     COMPILE_OPTIONS, Copies, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
     scale_from_amax, to_fp8,
 )
 
-LOG2E = 1.4426950408889634
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
 REF_SLACK = 32.0
@@ -112,16 +112,11 @@ def _visit_tiles(
         x = tl.dot(q_codes, k_codes) * k_scale[None, :]
         if MASKED:
             if KV_ALIGNED:
-                visible = offs_n[None, :] < kv_len
+                in_range = offs_n[None, :] < kv_len
             else:
-                visible = n_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= pos_q[:, None])
-            if HAS_WINDOW:
-                visible = visible & (pos_q[:, None] - offs_n[None, :] < window)
-                if not CAUSAL:
-                    visible = visible & (offs_n[None, :] - pos_q[:, None] < window)
-            x = tl.where(visible, x, float("-inf"))
+                in_range = n_ok[None, :]
+            vis = visible(in_range, pos_q[:, None], offs_n[None, :], window, CAUSAL, HAS_WINDOW)
+            x = tl.where(vis, x, float("-inf"))
         m_t = tl.max(x, 1) * q_scale2  # the tile's row max, log2 units
         m_new = tl.maximum(m_i, m_t)
         # This tile's reference: its own max unless that lies more than REF_SLACK below the running
@@ -205,21 +200,10 @@ def _fwd_kernel(
     pos_q = offs_m + shift
     pos_lo = m_blk * BLOCK_M + shift
     pos_hi = tl.minimum(m_blk * BLOCK_M + BLOCK_M, q_len) - 1 + shift
-    # Keys any row of this tile may see: [key_lo, key_hi). Keys every row sees: [full_lo, full_hi).
-    key_lo = 0
-    key_hi = kv_len
-    full_lo = 0
-    full_hi = kv_len
-    if CAUSAL:
-        key_hi = tl.minimum(key_hi, pos_hi + 1)
-        full_hi = tl.minimum(full_hi, pos_lo + 1)
-    if HAS_WINDOW:
-        key_lo = tl.maximum(key_lo, pos_lo - window + 1)
-        full_lo = tl.maximum(full_lo, pos_hi - window + 1)
-        if not CAUSAL:
-            key_hi = tl.minimum(key_hi, pos_hi + window)
-            full_hi = tl.minimum(full_hi, pos_lo + window)
-    t_lo, f_lo, f_hi, t_hi = split_tiles(key_lo, key_hi, full_lo, full_hi, BLOCK_N)
+    # Key tiles any row of this tile may see, split around those every row sees (the backward's rule,
+    # with pos_hi the last row in range: a partial query tile keeps its interior, its rows past the
+    # sequence are never stored; so no GUARD_INTERIOR).
+    t_lo, f_lo, f_hi, t_hi = key_tile_range(pos_lo, pos_hi, kv_len, window, 0, BLOCK_N, CAUSAL, HAS_WINDOW, False)
 
     bhk = bb * HKV + hk
     k_base = k_codes_ptr + (bhk * SK + k_start) * BLOCK_D
@@ -234,11 +218,11 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
     r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (log2 units)
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
-    # Without a window there are no leading masked tiles (key_lo = full_lo = 0), and that loop is not
+    # Without a window there are no leading masked tiles (the key range starts at 0), and that loop is not
     # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
     # short launch's stall samples. The trailing loop is empty too without causal mask or window
     # when Sk is a multiple of BLOCK_N (KV_ALIGNED), and then not compiled either. (A runtime branch
-    # around it made the non-causal forward slower: benchmarks/NOTES.md, eleventh session.)
+    # around it made the non-causal forward slower: benchmarks/NOTES.md.)
     if HAS_WINDOW:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
@@ -333,25 +317,6 @@ def _use_tma(device: torch.device) -> bool:
     return not interpreting() and _has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
 
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _check_inputs(q, k, v, mask: MaskSpec) -> None:
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"triton_forward: expected q (B, Hq, Sq, D) and k, v (B, Hkv, Sk, D), got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1] or q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"triton_forward: head dim {q.shape[-1]} (k: {k.shape[-1]}) not supported; "
-                         f"supported: {SUPPORTED_HEAD_DIMS}")
-    if q.shape[0] != k.shape[0] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"triton_forward: batch/heads of q {tuple(q.shape[:2])} and k {tuple(k.shape[:2])} do not match")
-    if q.dtype not in _DTYPES or not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"triton_forward: q, k, v must share a dtype among bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if mask.is_varlen and q.shape[0] != 1:
-        raise ValueError(f"triton_forward: packed (cu_seqlens) input must have batch 1, got {q.shape[0]}")
-
-
 def triton_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -371,7 +336,6 @@ def triton_forward(
     Returns:
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
-    _check_inputs(q, k, v, mask)
     check_compiled_blocks(config.block_q, config.block_k, "triton_forward", interpreting())
     bsz, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -388,7 +352,7 @@ def triton_forward(
     if varlen:
         out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
-        cu_q, cu_k = mask.cu_seqlens_q.to(torch.int32), mask.cu_seqlens_k.to(torch.int32)
+        cu_q, cu_k = mask.cu_seqlens_q, mask.cu_seqlens_k  # int32, contiguous (MaskSpec)
         n_prog1 = (cu_q.numel() - 1) * hq
         rows = max_q
     else:
@@ -397,7 +361,7 @@ def triton_forward(
         cu_q = cu_k = tile_off = q  # dummies, never read
         n_prog1 = bsz * hq
         rows = sq
-    window = -1 if mask.window is None else int(mask.window)
+    window = mask.window_arg
     # Packed sequences start at any key: a TMA box of Vᵀ whose innermost start coordinate is not
     # 16-byte aligned faults (illegal instruction, H200), so they keep pointer loads. Without any
     # key there is no interior tile to load (and a descriptor cannot describe an empty tensor).

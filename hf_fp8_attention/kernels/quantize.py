@@ -1,4 +1,4 @@
-"""Triton block-scaled FP8 quantization of attention operands (DESIGN.md §2).
+"""Triton block-scaled FP8 quantization of attention operands (docs/design.md §2).
 
 For a tensor ``x (B, H, S, D)`` (bf16/fp16/fp32, any strides) one launch can emit both copies the
 FP8 matmuls need (and one launch serves two tensors of one shape, e.g. K and V):
@@ -32,9 +32,8 @@ import triton
 import triton.language as tl
 
 from ..config import FP8Format
+from .constants import TL_FP8
 from .tiles import cdiv, next_pow2
-
-_TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
@@ -42,8 +41,8 @@ _TL_FP8 = {FP8Format.E4M3: tl.float8e4nv, FP8Format.E5M2: tl.float8e5}
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 # Launch of the quantization kernel: the slices each program reads at a time (tokens for the
-# row-wise copy, channels for the channel-wise one: see _quantize_kernel) and its warps.
-# A module-level table so that benchmarks can try others (quantize_bench.py --sweep).
+# row-wise copy, channels for the channel-wise one: see quantize_kernel) and its warps.
+# A module-level table so that benchmarks can try others (benchmarks/quantize_bench.py --sweep).
 QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 
 
@@ -249,7 +248,7 @@ def _quantize_tile(
 
 
 @triton.jit
-def _quantize_kernel(
+def quantize_kernel(
     x_ptr, sxb, sxh, sxs, sxd,  # operand X: (B, H, S, D)
     x_row_codes_ptr, x_row_scales_ptr,  # (B, H, S, DP), (B, H, S)
     x_col_codes_ptr, x_col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
@@ -336,7 +335,7 @@ _NO_COPIES = Copies(False, False)
 def _copies_meta(copies: Copies, prefix: str) -> dict:
     """The kernel's constexprs for one operand (``prefix`` "X" or "Y"); cached: built once per kind."""
     return {f"{prefix}_ROW": copies.row, f"{prefix}_COL": copies.col, f"{prefix}_FMAX": copies.fmt.max,
-            f"{prefix}_DTYPE": _TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix)}
+            f"{prefix}_DTYPE": TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix)}
 
 
 def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots: int, varlen: bool):
@@ -417,7 +416,7 @@ def quantize_operands(
     operand_args = [(t, *t.stride(), *(dummy if o is None else o for o in out)) for t, out in zip(xs, outs)]
     if len(xs) == 1:
         operand_args.append(operand_args[0])  # operand Y: no copies, never read
-    _quantize_kernel[grid](
+    quantize_kernel[grid](
         *operand_args[0], *operand_args[1],
         cu if varlen else dummy, tile_off if varlen else dummy,
         heads, seq, d, s_pad, n_slots,

@@ -1,4 +1,12 @@
-"""Tile ranges shared by the attention kernels: which tiles to visit, and which need no mask."""
+"""Tile, mask and sequence helpers shared by the forward and backward kernels.
+
+- :func:`visible`: which (query, key) pairs of a tile attend (:mod:`..masking`'s rules);
+- :func:`key_tile_range` (the rule), :func:`key_tiles` and its transpose :func:`query_tiles`: which
+  tiles a tile visits, and which of them need no mask (split by :func:`split_tiles`);
+- :func:`seq_bounds`, :func:`tile_slot`: a (packed or dense) sequence's token range and the index of
+  its channel-wise scale tiles;
+- host-side grid arithmetic and the compiled-block limit.
+"""
 from __future__ import annotations
 
 import triton
@@ -16,6 +24,111 @@ def split_tiles(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
     f_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(full_lo, 0), BLOCK), t_lo), t_hi)
     f_hi = tl.minimum(tl.maximum(tl.maximum(full_hi, 0) // BLOCK, f_lo), t_hi)
     return t_lo, f_lo, f_hi, t_hi
+
+
+@triton.jit
+def visible(ok, pos_q, key, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Which (query, key) pairs of a tile attend: ``ok`` (both in range) and the causal / window
+    rules. ``pos_q`` (query positions, aligned to the keys) and ``key`` come broadcast to the tile's
+    orientation: (BLOCK_Q, 1) and (1, BLOCK_K) for a query-major tile, transposed for a key-major one."""
+    vis = ok
+    if CAUSAL:
+        vis = vis & (key <= pos_q)
+    if HAS_WINDOW:
+        vis = vis & ((pos_q - key) < window)
+        if not CAUSAL:
+            vis = vis & ((key - pos_q) < window)
+    return vis
+
+
+@triton.jit
+def key_tile_range(pos_lo, pos_hi, k_len, window, interior_ok, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, GUARD_INTERIOR: tl.constexpr):
+    """Key tiles of a query tile whose rows sit at key positions pos_lo .. pos_hi, as (t_lo, f_lo,
+    f_hi, t_hi) of :func:`split_tiles`: [t_lo, t_hi) holds every key any row may see; the interior
+    tiles [f_lo, f_hi) hold keys every row sees: inside the keys the first row sees (causal,
+    non-causal window) and the last row sees (window). GUARD_INTERIOR: no interior unless the scalar
+    ``interior_ok`` (e.g. "every row of the tile is in range"; not read otherwise)."""
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(hi, pos_hi + 1)
+        full_hi = tl.minimum(full_hi, pos_lo + 1)
+    if HAS_WINDOW:
+        lo = tl.maximum(lo, pos_lo - window + 1)
+        full_lo = tl.maximum(full_lo, pos_hi - window + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, pos_hi + window)
+            full_hi = tl.minimum(full_hi, pos_lo + window)
+    if GUARD_INTERIOR:
+        full_hi = tl.where(interior_ok, full_hi, 0)
+    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_K)
+
+
+@triton.jit
+def key_tiles(m0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key tiles of the backward's query tile (rows m0 .. m0 + BLOCK_Q − 1, query i at key position
+    i + k_len − q_len), by :func:`key_tile_range`: the interior tiles have every row and key in range
+    and every pair visible, which needs all BLOCK_Q rows in range (a partial query tile has none)."""
+    pos_lo = m0 + k_len - q_len
+    pos_hi = pos_lo + BLOCK_Q - 1
+    return key_tile_range(pos_lo, pos_hi, k_len, window, m0 + BLOCK_Q <= q_len, BLOCK_K, CAUSAL, HAS_WINDOW, True)
+
+
+@triton.jit
+def query_tiles(n0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Query tiles (in query rows) of the backward's key tile (keys n0 .. n0 + BLOCK_K − 1): the
+    transpose of :func:`key_tiles`. Interior query tiles need all BLOCK_K keys in range and lie inside
+    the rows that the last key reaches (causal, non-causal window) and the first key reaches (window)."""
+    shift = k_len - q_len
+    lo = 0
+    hi = q_len
+    full_lo = 0
+    full_hi = q_len
+    if CAUSAL:
+        lo = tl.maximum(lo, n0 - shift)
+        full_lo = tl.maximum(full_lo, n0 + BLOCK_K - 1 - shift)
+    if HAS_WINDOW:
+        hi = tl.minimum(hi, n0 + BLOCK_K - 1 + window - shift)
+        full_hi = tl.minimum(full_hi, n0 + window - shift)
+        if not CAUSAL:
+            lo = tl.maximum(lo, n0 - window + 1 - shift)
+            full_lo = tl.maximum(full_lo, n0 + BLOCK_K - window - shift)
+    full_hi = tl.where(n0 + BLOCK_K <= k_len, full_hi, 0)  # a partial key tile has no interior
+    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_Q)
+
+
+@triton.jit
+def seq_bounds(seq, CU_Q, CU_K, SQ, SK, VARLEN: tl.constexpr):
+    """(batch, q_start, q_len, k_start, k_len) of sequence ``seq``: from cu_seqlens when VARLEN
+    (packed, batch 0), else batch ``seq`` with the dense lengths SQ, SK starting at 0."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + seq)
+        q_len = tl.load(CU_Q + seq + 1) - q_start
+        k_start = tl.load(CU_K + seq)
+        k_len = tl.load(CU_K + seq + 1) - k_start
+        batch = seq * 0
+    else:
+        q_start = seq * 0
+        q_len = SQ + seq * 0
+        k_start = seq * 0
+        k_len = SK + seq * 0
+        batch = seq
+    return batch, q_start, q_len, k_start, k_len
+
+
+@triton.jit
+def tile_slot(seq, tile, TOFF, VARLEN: tl.constexpr):
+    """Index of a tile's channel-wise scales (varlen: tiles of all sequences are packed)."""
+    if VARLEN:
+        s = tl.load(TOFF + seq) + tile
+    else:
+        s = tile
+    return s
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,8 +1,8 @@
 """GPU timing of the Triton FP8 backward against SDPA bf16 (flash and cuDNN), one run, one table.
 
-``python -m hf_fp8_attention.kernels.backward_bench [--out DIR] [--seqs 4096,8192,16384]``
+``python benchmarks/backward_bench.py [--out DIR] [--seqs 4096,8192,16384]``
 ``[--schedules] [--sweep] [--profile]``: first compare the launch schedules (fused / split, see
-``LAUNCH`` in backward.py), sweep launch parameters, or profile the kernels at S=8192.
+``LAUNCH`` in hf_fp8_attention/kernels/backward.py), sweep launch parameters, or profile the kernels at S=8192.
 
 Per shape (bf16 inputs, causal, head_dim 128): median times (triton.testing.do_bench) of
 - fp8 fwd (public API, Triton forward), fp8 bwd-only (this module's kernels on a saved forward)
@@ -24,9 +24,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from hf_fp8_attention import FP8AttentionConfig, fp8_attention
+from hf_fp8_attention.kernels import backward_fp8, quantize
+from hf_fp8_attention.kernels.backward import LAUNCH, triton_backward
 from hf_fp8_attention.masking import MaskSpec
-
-from .backward import LAUNCH, triton_backward
 
 
 def _flops_fwd(b, h, s, d, causal=True):
@@ -166,7 +166,7 @@ SWEEP = [  # (free tile dq, free tile dkdv, warps dq, warps dkdv, stages)
     (64, 64, 4, 4, 2), (64, 64, 4, 4, 3), (64, 64, 8, 8, 1), (64, 64, 4, 8, 2), (128, 128, 8, 8, 1),
     (64, 128, 4, 8, 1), (64, 128, 4, 8, 2), (128, 64, 8, 4, 2), (32, 64, 4, 4, 2), (32, 32, 4, 4, 2),
     # 8 warps for the dQ and dK launches (one 4-warp CTA per SM at the default): fewer spills offline,
-    # but 5.8-6.0 ms against 3.5 ms on the H200 (benchmarks/NOTES.md, "Sixth session").
+    # but 5.8-6.0 ms against 3.5 ms on the H200 (benchmarks/NOTES.md).
     (64, 64, 8, 8, 2), (64, 64, 8, 8, 3),
 ]
 
@@ -233,7 +233,7 @@ def schedules(seqs, b, h, d):
         LAUNCH.update(saved)
 
 
-# Constexpr switches that tell the launches of one kernel apart (see LAUNCH in backward.py).
+# Constexpr switches that tell the launches of one kernel apart (see LAUNCH in hf_fp8_attention/kernels/backward.py).
 _PASS_FLAGS = ("STATS", "GRADS", "COMPUTE_DK", "COMPUTE_DV")
 
 
@@ -265,10 +265,7 @@ def _timed_launches(kernels, events):
 def profile(s, b, h, d, runs=5):
     """GPU time of each launch of one matched and one stale backward (CUDA events around each
     launch, so the passes of one kernel, e.g. its dK and dV launches, are timed apart)."""
-    from . import backward_prequant, quantize
-
-    kernels = [backward_prequant._bwd_dq_prequant_kernel, backward_prequant._bwd_dkdv_prequant_kernel,
-               quantize._quantize_kernel]
+    kernels = [backward_fp8.bwd_dq_fp8_kernel, backward_fp8.bwd_dkdv_fp8_kernel, quantize.quantize_kernel]
     q, k, v, do = _random_inputs(b, h, s, d, seed=2)
     mask = MaskSpec(causal=True)
     for name in ("fp8_delta", "fp8_stale"):

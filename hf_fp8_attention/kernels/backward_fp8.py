@@ -1,7 +1,7 @@
-"""FP8 backward kernels on pre-quantized operands (the fast path of :mod:`.backward`).
+"""The default FP8 backward: kernels on pre-quantized operands (launched by :mod:`.backward`).
 
-Same schedule and numerics as the in-register kernels of :mod:`.backward` (read its docstring for
-the maths), but Q, K, V and dO are quantized once, before the attention kernels, by
+Same schedule and numerics as the in-register kernels of :mod:`.backward_inreg` (read the docstring
+of :mod:`.backward` for the maths), but Q, K, V and dO are quantized once, before the attention kernels, by
 :func:`hf_fp8_attention.kernels.quantize.quantize_operand` (IEEE division, RNE saturating cast:
 codes and scales bit-identical to the emulation):
 
@@ -28,8 +28,9 @@ reads sdo at all. One multiply per element fewer in the statistics, dQ and dK lo
 changes only by fp32 rounding, so the matched zero-row-sum identity holds as before.
 
 Each tile loop runs in three parts, as in the forward kernel: leading boundary tiles, interior
-tiles, trailing boundary tiles (bounds: :func:`_key_tiles`, :func:`_query_tiles`). Interior tiles
-(every row and key in range, every (query, key) pair visible) skip the visibility mask, its
+tiles, trailing boundary tiles (bounds: :func:`.tiles.key_tiles`, :func:`.tiles.query_tiles`).
+Interior tiles (every row and key in range, every (query, key) pair visible) skip the visibility
+mask, its
 ``tl.where`` and the load masks: elementwise work that would otherwise compete with the FP8 MMAs.
 Visible elements see the same operations in the same order either way: bit-identical under the
 interpreter. Compiled with FP fusion (Triton's default), the interior statistics loop may round
@@ -41,8 +42,9 @@ import triton
 import triton.language as tl
 
 from .backward_quant import cast_saturating
+from .constants import LOG2E_C
 from .quantize import abs_max, scale_from_amax
-from .tiles import split_tiles
+from .tiles import key_tiles, query_tiles, seq_bounds, tile_slot, visible
 
 
 @triton.jit
@@ -92,101 +94,6 @@ def _vec(ptrs, ok, other, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _visible(ok, pos_q, key, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Which (query, key) pairs of a tile attend: ``ok`` (both in range) and the causal / window
-    rules. ``pos_q`` (query positions, aligned to the keys) and ``key`` come broadcast to the tile's
-    orientation: (BLOCK_Q, 1) and (1, BLOCK_K) for the dQ kernel, transposed for the dK/dV kernel."""
-    vis = ok
-    if CAUSAL:
-        vis = vis & (key <= pos_q)
-    if HAS_WINDOW:
-        vis = vis & ((pos_q - key) < window)
-        if not CAUSAL:
-            vis = vis & ((key - pos_q) < window)
-    return vis
-
-
-@triton.jit
-def _key_tiles(m0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Key tiles of the dQ kernel's query tile (rows m0 .. m0 + BLOCK_Q − 1, query i at key position
-    i + k_len − q_len), as (t_lo, f_lo, f_hi, t_hi) of :func:`.tiles.split_tiles`: [t_lo, t_hi) holds every
-    key any of its rows may see; the interior tiles [f_lo, f_hi) have every row and key in range and
-    every pair visible, which needs all BLOCK_Q rows in range and each key tile inside the keys the
-    first row sees (causal, non-causal window) and the last row sees (window)."""
-    pos_lo = m0 + k_len - q_len
-    pos_hi = pos_lo + BLOCK_Q - 1
-    lo = 0
-    hi = k_len
-    full_lo = 0
-    full_hi = k_len
-    if CAUSAL:
-        hi = tl.minimum(hi, pos_hi + 1)
-        full_hi = tl.minimum(full_hi, pos_lo + 1)
-    if HAS_WINDOW:
-        lo = tl.maximum(lo, pos_lo - window + 1)
-        full_lo = tl.maximum(full_lo, pos_hi - window + 1)
-        if not CAUSAL:
-            hi = tl.minimum(hi, pos_hi + window)
-            full_hi = tl.minimum(full_hi, pos_lo + window)
-    full_hi = tl.where(m0 + BLOCK_Q <= q_len, full_hi, 0)  # a partial query tile has no interior
-    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_K)
-
-
-@triton.jit
-def _query_tiles(n0, q_len, k_len, window, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Query tiles (in query rows) of the dK/dV kernel's key tile (keys n0 .. n0 + BLOCK_K − 1), as in
-    :func:`_key_tiles`: interior query tiles need all BLOCK_K keys in range and lie inside the rows
-    that the last key reaches (causal, non-causal window) and the first key reaches (window)."""
-    shift = k_len - q_len
-    lo = 0
-    hi = q_len
-    full_lo = 0
-    full_hi = q_len
-    if CAUSAL:
-        lo = tl.maximum(lo, n0 - shift)
-        full_lo = tl.maximum(full_lo, n0 + BLOCK_K - 1 - shift)
-    if HAS_WINDOW:
-        hi = tl.minimum(hi, n0 + BLOCK_K - 1 + window - shift)
-        full_hi = tl.minimum(full_hi, n0 + window - shift)
-        if not CAUSAL:
-            lo = tl.maximum(lo, n0 - window + 1 - shift)
-            full_lo = tl.maximum(full_lo, n0 + BLOCK_K - window - shift)
-    full_hi = tl.where(n0 + BLOCK_K <= k_len, full_hi, 0)  # a partial key tile has no interior
-    return split_tiles(lo, hi, full_lo, full_hi, BLOCK_Q)
-
-
-@triton.jit
-def _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN: tl.constexpr):
-    """(batch, q_start, q_len, k_start, k_len) of sequence ``seq``: from cu_seqlens when VARLEN
-    (packed, batch 0), else batch ``seq`` with the dense lengths SQ, SK starting at 0."""
-    if VARLEN:
-        q_start = tl.load(CU_Q + seq)
-        q_len = tl.load(CU_Q + seq + 1) - q_start
-        k_start = tl.load(CU_K + seq)
-        k_len = tl.load(CU_K + seq + 1) - k_start
-        batch = seq * 0
-    else:
-        q_start = seq * 0
-        q_len = SQ + seq * 0
-        k_start = seq * 0
-        k_len = SK + seq * 0
-        batch = seq
-    return batch, q_start, q_len, k_start, k_len
-
-
-@triton.jit
-def _slot(seq, tile, TOFF, VARLEN: tl.constexpr):
-    """Index of a tile's channel-wise scales (varlen: tiles of all sequences are packed)."""
-    if VARLEN:
-        s = tl.load(TOFF + seq) + tile
-    else:
-        s = tile
-    return s
-
-
-@triton.jit
 def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
             BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
     """S (log2 units) and dP' = dP / sdo (dO's row scale left out, see the module docstring), both
@@ -202,11 +109,11 @@ def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, off
 
 
 @triton.jit
-def _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
+def fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
     """Fold one key tile into a query tile's matched statistics, all (BLOCK_Q,): running max m of S,
     l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij. ``s`` and ``dp`` (BLOCK_Q, BLOCK_K): logits in
     log2 units, -inf where not visible, and dP; MASKED: only the pairs in ``vis`` add to u.
-    Shared by this module's kernel and the in-register one (backward.py)."""
+    Shared by this module's kernel and the in-register one (backward_inreg.py)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # Rows with no visible key so far keep every exponent finite. Kept on interior tiles too (one
     # value per row): logits that overflow to -inf stay handled exactly as on boundary tiles.
@@ -242,10 +149,10 @@ def _dq_stats_tiles(
                         offs_d, BLOCK_D, MASKED)
         vis = None  # interior tiles: every pair is visible
         if MASKED:
-            vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
+            vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-        m_i, l_i, u_i = _fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED)
+        m_i, l_i, u_i = fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED)
     return m_i, l_i, u_i
 
 
@@ -271,7 +178,7 @@ def _dq_tiles(
                         offs_d, BLOCK_D, MASKED)
         p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
         if MASKED:
-            vis = _visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
+            vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
             p = tl.where(vis, p, 0.0)
         ds = p * (dp - delta_do[:, None])
@@ -290,7 +197,7 @@ def _dq_tiles(
 
 
 @triton.jit
-def _bwd_dq_prequant_kernel(
+def bwd_dq_fp8_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
     DO, O, LSE, DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS,
     CU_Q, CU_K, TOFF_K,
@@ -317,7 +224,7 @@ def _bwd_dq_prequant_kernel(
     h = pid_bh % H
     hk = h // G
     HKV = H // G
-    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
+    batch, q_start, q_len, k_start, k_len = seq_bounds(seq, CU_Q, CU_K, SQ, SK, VARLEN)
     m0 = pid_m * BLOCK_Q
     if m0 >= q_len:
         return
@@ -339,10 +246,10 @@ def _bwd_dq_prequant_kernel(
     krs_base = KRS + bh_k * SK_TOTAL
     vrs_base = VRS + bh_k * SK_TOTAL
     kct_base = KCT + bh_k * BLOCK_D * SK_PAD
-    kcs_base = KCS + (bh_k * NT_K + _slot(seq, 0, TOFF_K, VARLEN)) * BLOCK_D
+    kcs_base = KCS + (bh_k * NT_K + tile_slot(seq, 0, TOFF_K, VARLEN)) * BLOCK_D
     # Both loops visit key tiles in order: leading boundary tiles (window edge), interior tiles
     # (no mask work), trailing boundary tiles (causal diagonal, window edge, sequence end).
-    t_lo, f_lo, f_hi, t_hi = _key_tiles(m0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+    t_lo, f_lo, f_hi, t_hi = key_tiles(m0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
 
     stat_off = bh_q * SQ_TOTAL + rows
     if MATCHED and not STATS:
@@ -369,7 +276,7 @@ def _bwd_dq_prequant_kernel(
         lse2do = lse2 - tl.math.log2(sdo)
     else:
         lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
-                       mask=row_ok, other=float("-inf")) * 1.4426950408889634
+                       mask=row_ok, other=float("-inf")) * LOG2E_C
         dmask = row_ok[:, None] & d_ok[None, :]
         do_ptr = DO + batch.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + rows[:, None].to(tl.int64) * sdos + offs_d[None, :] * sdod
         o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
@@ -436,7 +343,7 @@ def _dkdv_tiles(
         # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
         st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
         if MASKED:
-            vis = _visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
+            vis = visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
         if COMPUTE_DK:
             do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
@@ -467,7 +374,7 @@ def _dkdv_tiles(
 
 
 @triton.jit
-def _bwd_dkdv_prequant_kernel(
+def bwd_dkdv_fp8_kernel(
     QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DOCT, DOCS,
     LSE2, LSE2DO, DELTA, DK, DV,
     CU_Q, CU_K, TOFF_Q,
@@ -488,7 +395,7 @@ def _bwd_dkdv_prequant_kernel(
     HKV = H // G
     seq = pid_bh // HKV
     hk = pid_bh % HKV
-    batch, q_start, q_len, k_start, k_len = _seq(seq, CU_Q, CU_K, SQ, SK, VARLEN)
+    batch, q_start, q_len, k_start, k_len = seq_bounds(seq, CU_Q, CU_K, SQ, SK, VARLEN)
     n0 = pid_n * BLOCK_K
     if n0 >= k_len:
         return
@@ -506,8 +413,8 @@ def _bwd_dkdv_prequant_kernel(
     sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
     # Per query head, query tiles in order: leading boundary tiles (causal diagonal, window edge),
     # interior tiles (no mask work), trailing boundary tiles (window edge, sequence end).
-    t_lo, f_lo, f_hi, t_hi = _query_tiles(n0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
-    slot0 = _slot(seq, 0, TOFF_Q, VARLEN)
+    t_lo, f_lo, f_hi, t_hi = query_tiles(n0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
+    slot0 = tile_slot(seq, 0, TOFF_Q, VARLEN)
 
     dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)

@@ -1,6 +1,6 @@
 """GPU timing of the FP8 quantization kernel against the memory bandwidth a plain copy reaches.
 
-``python -m hf_fp8_attention.kernels.quantize_bench [--out DIR] [--sweep]``
+``python benchmarks/quantize_bench.py [--out DIR] [--sweep]``
 
 Per shape ``(B, H, S, D)`` bf16 with B·S = 16384 tokens and per mode (row-wise copy: K in the
 forward; channel-wise copy: V in the forward; both: Q, K, dO in the backward) it prints the kernel
@@ -22,7 +22,7 @@ import torch
 import triton
 from triton.testing import do_bench_cudagraph
 
-from .quantize import QUANT_LAUNCH, padded_head_dim, quantize_operand
+from hf_fp8_attention.kernels.quantize import QUANT_LAUNCH, padded_head_dim, quantize_operand
 
 MODES = {"row": (True, False), "col": (False, True), "row+col": (True, True)}
 SWEEP = [(chunk, group, warps) for chunk in (16, 32, 64) for group in (16, 32, 64) for warps in (2, 4, 8)]
