@@ -25,6 +25,8 @@ from transformers import (
 )
 
 from hf_fp8_attention.integration import transformers_backend
+from hf_fp8_attention.training.models import enable_checkpointing
+from hf_fp8_attention.training.recipe import checkpointing_args
 from test_integration_models import TIGHT, VOCAB, rel, tiny_model, tokens
 
 
@@ -83,7 +85,7 @@ def test_trainer_steps(batching, tmp_path, monkeypatch):
         collator = DataCollatorWithFlattening()
     else:
         collator = DataCollatorForLanguageModeling(_tokenizer(), mlm=False)
-    extra = {"gradient_checkpointing": True} if batching.endswith("checkpointing") else {}
+    extra = checkpointing_args(True) if batching.endswith("checkpointing") else {}
     _train(model, collator, tmp_path, **extra)
     assert calls, "the FP8 attention function must run"
     changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
@@ -102,7 +104,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
     plain = grads()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)  # non-reentrant, under the name this Transformers uses (no FutureWarning)
     checkpointed = grads()
     assert all(torch.equal(plain[n], checkpointed[n]) for n in plain)
 
