@@ -24,6 +24,23 @@ is cut to the mask's length (as Transformers' flash path does). Planning the var
 checking for packing) reads a few values on the host, i.e. device syncs; it is done once per
 model forward, since every layer gets the same mask and position tensors (:mod:`..identity_cache`).
 
+Under ``torch.compile`` no tensor value is read on the host (each read would be a graph break), so
+a plain batch and a padded one compile with ``fullgraph=True``:
+
+- plain batch: the dense path, as in eager mode;
+- padded batch (2D mask): every row becomes three packed sequences, ``[left padding | tokens |
+  right padding]``, over the whole flattened batch (static shapes, see
+  :func:`.varlen.plan_contiguous_padding`); padded queries' outputs are zeroed. Padding is assumed
+  contiguous per row (what tokenizers produce); holes inside a row are not detected there;
+- packed batch with ``cu_seq_lens_q/k`` kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``,
+  Transformers' flash-attention kwargs): passed straight to the kernels, no host read;
+- packed batch described by ``position_ids`` alone: detecting the restarts needs the host, so it is
+  not done under compile: each row is one sequence, and one warning says so (at trace time).
+  Pass the ``cu_seq_lens_q/k`` (and ``max_length_q/k``) kwargs to compile packed training.
+
+Meta tensors (shape inference, ``torch.device("meta")`` initialisation) take the dense path and
+return a meta output of the right shape and dtype.
+
 The recipe is bound per registered name: ``"fp8_delta"`` / ``"fp8_stale"`` use
 ``RECIPES[name]``; :func:`register_fp8_attention` adds a name with any :class:`FP8AttentionConfig`.
 Transformers does not save the attention implementation with a checkpoint: pass
@@ -264,6 +281,8 @@ def fp8_attention_forward(
     if explicit is not None:
         if attention_mask is not None:
             raise ValueError("FP8 attention got both cu_seq_lens_q/k and a padding mask; pass one of them")
+        # The collator's max_length_q/k kwargs are the longest sequences; fp8_attention derives them
+        # from cu_seqlens itself (a host read in eager mode, none under compile).
         out = fp8_attention(query, key, value, cu_seqlens_q=explicit[0], cu_seqlens_k=explicit[1], **call)
         return out.transpose(1, 2).contiguous(), None
 
