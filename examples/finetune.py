@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 import hf_fp8_attention  # noqa: E402,F401  (registers fp8_delta / fp8_stale with Transformers)
 from hf_fp8_attention.training import (build_model, chunk_documents, main_with_usage_errors,  # noqa: E402
                                        make_collator, plot_loss_curves, split_train_eval)
-from hf_fp8_attention.training.recipe import (add_common_args, loss_trend, output_dir, prepare,  # noqa: E402
-                                              quiet_datasets, resolve_defaults, write_summary)
+from hf_fp8_attention.training.recipe import (add_common_args, checkpointing_args, loss_trend,  # noqa: E402
+                                              output_dir, prepare, quiet_datasets, resolve_defaults,
+                                              write_summary)
 
 GPU_DEFAULTS = dict(size="small", seq_len=1024, batch_size=8, max_steps=300, lr=5e-4, vocab_size=8192,
                     corpus_bytes=None, warmup_steps=30, gradient_checkpointing=False)
@@ -93,8 +94,7 @@ def main(argv=None) -> dict:
         max_grad_norm=1.0,
         logging_steps=1 if args.setting == "tiny" else 10,
         bf16=bool(args.bf16),
-        gradient_checkpointing=bool(args.gradient_checkpointing),
-        gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen inputs (LoRA)
+        **checkpointing_args(args.gradient_checkpointing),
         eval_strategy="no",
         save_strategy="no",
         report_to=[],

@@ -90,10 +90,21 @@ def cmd_check(args) -> int:
     return 0 if ok else 1
 
 
+BENCH_USAGE = ("usage: python -m hf_fp8_attention bench [ARGS ...]\n\n"
+               "Runs benchmarks/bench_attention.py (source checkout, CUDA GPU only), passing ARGS through.")
+
+
 def cmd_bench(args, passthrough: list[str]) -> int:
     from .training.errors import UsageError
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention.py"
+    if "-h" in passthrough or "--help" in passthrough:  # help works on any machine
+        print(BENCH_USAGE)
+        if not script.exists():
+            print(f"({script} is not here: the benchmark ships with the source checkout)")
+            return 0
+        print("Its options:\n", flush=True)
+        return subprocess.call([sys.executable, str(script), "--help"])
     if not torch.cuda.is_available():
         raise UsageError("bench needs a CUDA GPU (none found); the emulation is not worth timing")
     if not script.exists():
@@ -102,7 +113,7 @@ def cmd_bench(args, passthrough: list[str]) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .training.demo import DemoSettings, format_table, run_demo
+    from .training.demo import TOKENS_PER_S_NOTE, DemoSettings, format_table, run_demo
     from .training.errors import UsageError
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -127,6 +138,7 @@ def cmd_demo(args) -> int:
     print("\n=== summary ===")
     print(format_table(summary))
     print(f"\nloss curves: {summary['plot']}\nsummary: {Path(args.out_dir) / 'summary.json'}")
+    print(TOKENS_PER_S_NOTE)
     print("row-sum residual: median over query rows of |sum_j dS_ij| / sum_j P_ij|dP_ij| for the run's FP8 "
           "backward replayed on the trained model's real attention inputs and gradients (0 = exact).")
     return 0
@@ -140,18 +152,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="environment, path used, numerics self-test")
     sub.add_parser("bench", help="run benchmarks/bench_attention.py (CUDA only); extra args pass through",
                    add_help=False)
-    demo = sub.add_parser("demo", help="train sdpa / fp8_stale / fp8_delta side by side")
-    demo.add_argument("--out-dir", default="outputs/demo", help="where the PNG and summary.json go")
+    from .training.demo import DemoSettings
+
+    gpu, cpu = DemoSettings.for_device(torch.device("cuda")), DemoSettings.for_device(torch.device("cpu"))
+
+    def default(field: str) -> str:
+        a, b = getattr(gpu, field), getattr(cpu, field)
+        a, b = ("whole stdlib" if a is None else a), ("whole stdlib" if b is None else b)
+        return f"default: {a}" if a == b else f"default: {a} on a GPU, {b} on CPU/--tiny"
+
+    demo = sub.add_parser(
+        "demo", help="train sdpa / fp8_stale / fp8_delta side by side",
+        description="Train one small model three times (sdpa, fp8_stale, fp8_delta) on the same batches and "
+                    "print final/eval loss, tokens/s and the backward's row-sum residual side by side. On a GPU: "
+                    f"{gpu.family}-{gpu.size}; on CPU (or --tiny): {cpu.family}-{cpu.size}, a minute or two.")
+    demo.add_argument("--out-dir", default="outputs/demo", help="where loss_curves.png and summary.json go "
+                                                                "(default: %(default)s)")
     demo.add_argument("--tiny", action="store_true", help="the tiny CPU setting even on a GPU")
-    demo.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    demo.add_argument("--steps", type=int)
-    demo.add_argument("--seq-len", type=int)
-    demo.add_argument("--batch-size", type=int)
-    demo.add_argument("--lr", type=float)
-    demo.add_argument("--family", choices=("llama", "mistral", "qwen2", "qwen3"))
-    demo.add_argument("--corpus-bytes", type=int, help="cap on the default corpus size")
-    demo.add_argument("--attns", nargs="+", help="subset/order of sdpa fp8_stale fp8_delta")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                      help="default: cuda when available, else cpu")
+    demo.add_argument("--steps", type=int, help=f"optimizer steps per run ({default('steps')})")
+    demo.add_argument("--seq-len", type=int, help=f"tokens per sequence ({default('seq_len')})")
+    demo.add_argument("--batch-size", type=int, help=f"sequences per step ({default('batch_size')})")
+    demo.add_argument("--lr", type=float, help=f"peak learning rate, cosine schedule ({default('lr')})")
+    demo.add_argument("--family", choices=("llama", "mistral", "qwen2", "qwen3"),
+                      help=f"model family ({default('family')})")
+    demo.add_argument("--corpus-bytes", type=int,
+                      help=f"cap on the default corpus (the stdlib sources) in bytes ({default('corpus_bytes')})")
+    demo.add_argument("--attns", nargs="+", metavar="ATTN",
+                      help=f"subset/order of the runs (default: {' '.join(cpu.attns)})")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
 

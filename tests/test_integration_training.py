@@ -4,13 +4,14 @@ checkpointing, PEFT LoRA (train, merge_and_unload) and save_pretrained/from_pret
 Tiny models from configs (test_integration_models.tiny_model), a word-level tokenizer built in
 memory, a few optimizer steps on CPU: these check that everything runs, trains and round-trips,
 with tolerances from test_integration_models (FP8_LOGITS_BUDGET, TIGHT).
+
+``datasets``, ``peft`` and ``accelerate`` (the Trainer) are optional (the ``train`` extra): the
+tests that need one skip without it, the others still run (test_optional_imports.py checks this).
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from datasets import Dataset
-from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -24,6 +25,8 @@ from transformers import (
 )
 
 from hf_fp8_attention.integration import transformers_backend
+from hf_fp8_attention.training.models import enable_checkpointing
+from hf_fp8_attention.training.recipe import checkpointing_args
 from test_integration_models import TIGHT, VOCAB, rel, tiny_model, tokens
 
 
@@ -34,7 +37,8 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>")
 
 
-def _dataset(n=16) -> Dataset:
+def _dataset(n=16):
+    Dataset = pytest.importorskip("datasets").Dataset
     g = torch.Generator().manual_seed(7)
     lengths = torch.randint(8, 33, (n,), generator=g).tolist()
     return Dataset.from_dict({"input_ids": [torch.randint(3, VOCAB, (k,), generator=g).tolist() for k in lengths]})
@@ -48,6 +52,7 @@ def _count_fp8_calls(monkeypatch) -> list:
 
 
 def _train(model, collator, tmp_path, steps=3, **args):
+    pytest.importorskip("accelerate")  # Trainer needs it
     settings = dict(
         output_dir=str(tmp_path),
         max_steps=steps,
@@ -71,6 +76,8 @@ def _train(model, collator, tmp_path, steps=3, **args):
     "batching", ["padded", "packed", "padded_checkpointing"],
 )
 def test_trainer_steps(batching, tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    pytest.importorskip("accelerate")
     calls = _count_fp8_calls(monkeypatch)
     model = tiny_model("qwen2")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -78,7 +85,7 @@ def test_trainer_steps(batching, tmp_path, monkeypatch):
         collator = DataCollatorWithFlattening()
     else:
         collator = DataCollatorForLanguageModeling(_tokenizer(), mlm=False)
-    extra = {"gradient_checkpointing": True} if batching.endswith("checkpointing") else {}
+    extra = checkpointing_args(True) if batching.endswith("checkpointing") else {}
     _train(model, collator, tmp_path, **extra)
     assert calls, "the FP8 attention function must run"
     changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
@@ -97,12 +104,16 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
     plain = grads()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)  # non-reentrant, under the name this Transformers uses (no FutureWarning)
     checkpointed = grads()
     assert all(torch.equal(plain[n], checkpointed[n]) for n in plain)
 
 
 def test_peft_lora_train_and_merge(tmp_path, monkeypatch):
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("datasets")
+    pytest.importorskip("accelerate")
+    LoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
     calls = _count_fp8_calls(monkeypatch)
     base = tiny_model("llama")
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])

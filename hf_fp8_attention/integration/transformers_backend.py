@@ -24,6 +24,23 @@ is cut to the mask's length (as Transformers' flash path does). Planning the var
 checking for packing) reads a few values on the host, i.e. device syncs; it is done once per
 model forward, since every layer gets the same mask and position tensors (:mod:`..identity_cache`).
 
+Under ``torch.compile`` no tensor value is read on the host (each read would be a graph break), so
+a plain batch and a padded one compile with ``fullgraph=True``:
+
+- plain batch: the dense path, as in eager mode;
+- padded batch (2D mask): every row becomes three packed sequences, ``[left padding | tokens |
+  right padding]``, over the whole flattened batch (static shapes, see
+  :func:`.varlen.plan_contiguous_padding`); padded queries' outputs are zeroed. Padding is assumed
+  contiguous per row (what tokenizers produce); holes inside a row are not detected there;
+- packed batch with ``cu_seq_lens_q/k`` kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``,
+  Transformers' flash-attention kwargs): passed straight to the kernels, no host read;
+- packed batch described by ``position_ids`` alone: detecting the restarts needs the host, so it is
+  not done under compile: each row is one sequence, and one warning says so (at trace time).
+  Pass the ``cu_seq_lens_q/k`` (and ``max_length_q/k``) kwargs to compile packed training.
+
+Meta tensors (shape inference, ``torch.device("meta")`` initialisation) take the dense path and
+return a meta output of the right shape and dtype.
+
 The recipe is bound per registered name: ``"fp8_delta"`` / ``"fp8_stale"`` use
 ``RECIPES[name]``; :func:`register_fp8_attention` adds a name with any :class:`FP8AttentionConfig`.
 Transformers does not save the attention implementation with a checkpoint: pass
@@ -45,13 +62,43 @@ from transformers.utils import logging
 from ..config import RECIPES, FP8AttentionConfig
 from ..functional import fp8_attention
 from ..identity_cache import IdentityCache
-from .varlen import VarlenPlan, pack, plan_varlen, segments_from_positions, unpack
+from .varlen import (
+    VarlenPlan,
+    flatten_batch,
+    pack,
+    plan_contiguous_padding,
+    plan_varlen,
+    segments_from_positions,
+    unflatten_batch,
+    unpack,
+)
 
 logger = logging.get_logger(__name__)
 
 DEFAULT_BACKENDS = ("fp8_delta", "fp8_stale")
 _BUILTIN_NAMES = ("eager", "sdpa", "flex_attention", "paged|eager")
 _CONFIGS: dict[str, FP8AttentionConfig] = {}
+_WARNED: set[str] = set()
+
+
+def _no_host_reads(t: torch.Tensor | None) -> bool:
+    """True where tensor values cannot be read on the host: under torch.compile, or meta tensors."""
+    return torch.compiler.is_compiling() or (t is not None and t.device.type == "meta")
+
+
+def _warn_compiled_position_ids(_ctx=None) -> None:
+    """Once: under torch.compile, position_ids are not checked for packed sequences.
+
+    Called through ``comptime`` while the graph is traced (torch.compile cannot trace a logging
+    call: a graph break), so it runs once per compilation and never inside the compiled graph.
+    """
+    if "compile_position_ids" not in _WARNED:
+        _WARNED.add("compile_position_ids")
+        logger.warning(
+            "FP8 attention under torch.compile does not check position_ids for packed sequences (that reads them "
+            "on the host, a graph break): each row is treated as one sequence. For packed batches pass "
+            "cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening(return_flash_attn_kwargs=True))."
+        )
 
 
 def fp8_padding_mask(
@@ -80,6 +127,10 @@ def fp8_padding_mask(
             "padding and packed-sequence masks only. Use attn_implementation='sdpa' for this model."
         )
     kwargs.pop("use_vmap", None)
+    if _no_host_reads(attention_mask):
+        # flash_attention_mask drops an all-ones mask by reading it (``mask.all()``): a graph break
+        # under torch.compile, an error on meta tensors. Keep the mask; the attention copes with it.
+        return None if attention_mask is None else attention_mask[:, -kv_length:].bool()
     return flash_attention_mask(
         batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs
     )
@@ -124,6 +175,8 @@ def _padding_mask(attention_mask: torch.Tensor | None, kv_len: int) -> torch.Ten
             f"FP8 attention: the 2D attention mask covers {attention_mask.shape[1]} positions but there are only {kv_len} keys"
         )
     valid = attention_mask.bool()
+    if _no_host_reads(valid):
+        return valid  # no host read: an all-ones mask stays (compiled forwards take the padded path)
     return None if valid.shape[1] == kv_len and bool(valid.all()) else valid
 
 
@@ -216,14 +269,26 @@ def fp8_attention_forward(
     window = int(window) if window is not None else None
     call = dict(causal=causal, scale=scaling, window=window, config=fp8_config)
 
+    if query.device.type == "meta":
+        # Shape inference / meta-device init: no values to read; the output shape does not depend
+        # on padding or packing.
+        valid = _padding_mask(attention_mask, key.shape[2])
+        if valid is not None and valid.shape[1] < key.shape[2]:
+            key, value = key[:, :, : valid.shape[1]], value[:, :, : valid.shape[1]]
+        return fp8_attention(query, key, value, **call).transpose(1, 2).contiguous(), None
+
     explicit = _explicit_cu_seqlens(kwargs)
     if explicit is not None:
         if attention_mask is not None:
             raise ValueError("FP8 attention got both cu_seq_lens_q/k and a padding mask; pass one of them")
+        # The collator's max_length_q/k kwargs are the longest sequences; fp8_attention derives them
+        # from cu_seqlens itself (a host read in eager mode, none under compile).
         out = fp8_attention(query, key, value, cu_seqlens_q=explicit[0], cu_seqlens_k=explicit[1], **call)
         return out.transpose(1, 2).contiguous(), None
 
     position_ids = kwargs.get("position_ids")
+    if torch.compiler.is_compiling():
+        return _compiled_forward(query, key, value, attention_mask, position_ids, call), None
     kv_len, plan = _MASK_PLANS.get(
         (attention_mask, position_ids), (batch, q_len, key.shape[2], query.device),
         lambda: _mask_plan(attention_mask, position_ids, batch, q_len, key.shape[2], query.device),
@@ -252,6 +317,32 @@ def fp8_attention_forward(
         **call,
     )
     return unpack(out, plan.idx_q, batch, q_len), None
+
+
+def _compiled_forward(query, key, value, attention_mask, position_ids, call) -> torch.Tensor:
+    """The attention under torch.compile: no tensor value is read on the host (no graph break).
+
+    A padding mask becomes the static varlen layout of :func:`plan_contiguous_padding` (left or
+    right padding; holes inside a row are not detected). Packing is taken from ``cu_seq_lens_q/k``
+    kwargs only (handled by the caller): detecting it from ``position_ids`` restarting needs a host
+    read, so it is not done here, and one warning says so.
+    """
+    batch, _, q_len, _ = query.shape
+    if position_ids is not None:
+        from torch._dynamo.comptime import comptime
+
+        comptime(_warn_compiled_position_ids)
+    valid = _padding_mask(attention_mask, key.shape[2])
+    if valid is None:
+        return fp8_attention(query, key, value, **call).transpose(1, 2).contiguous()
+    valid = valid.to(query.device)
+    kv_len = valid.shape[1]
+    if kv_len < key.shape[2]:
+        key, value = key[:, :, :kv_len], value[:, :, :kv_len]
+    cu_q, cu_k, query_valid = plan_contiguous_padding(valid, q_len)
+    out = fp8_attention(flatten_batch(query), flatten_batch(key), flatten_batch(value),
+                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **call)
+    return unflatten_batch(out, batch, query_valid)
 
 
 def _bind(name: str, config: FP8AttentionConfig) -> Callable:

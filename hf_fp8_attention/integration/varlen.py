@@ -145,3 +145,50 @@ def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor) -> 
     segments = torch.zeros(batch * seq_len, dtype=torch.long, device=valid.device)
     segments[idx] = starts.cumsum(0)
     return segments.view(batch, seq_len)
+
+
+def plan_contiguous_padding(valid: torch.Tensor, q_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A varlen layout of a padded batch built without reading any value on the host.
+
+    For ``torch.compile`` (``fullgraph=True``): :func:`plan_varlen` selects the valid tokens, a
+    data-dependent shape. Here the whole ``(B * len)`` token axis is kept, and every row becomes
+    three sequences, ``[left padding | valid tokens | right padding]`` (any of them may be empty),
+    so ``cu_seqlens`` have the static size ``3 * B + 1``. Padding tokens only see padding; their
+    outputs are discarded by the caller (``query_valid``). The valid sequence is the same as in
+    :func:`plan_varlen`, so the FP8 result is too (tiles restart at every sequence start).
+
+    Assumes each row's valid tokens are contiguous (left or right padding, as tokenizers pad): a
+    hole inside a row is padding inside the middle sequence here (it cannot be checked without a
+    host read). Eager calls use :func:`plan_varlen`, which handles holes.
+
+    Args:
+        valid: ``(B, kv_len)`` bool.
+        q_len: the queries are the last ``q_len`` key positions.
+    Returns:
+        ``cu_seqlens_q (3B + 1,)``, ``cu_seqlens_k (3B + 1,)`` int32 over the flattened
+        ``(B * q_len)`` / ``(B * kv_len)`` axes, and ``query_valid (B, q_len)`` bool.
+    """
+    batch, kv_len = valid.shape
+    pos = torch.arange(kv_len, device=valid.device)
+    first = torch.where(valid, pos, kv_len).amin(1)  # kv_len for a row of padding only
+    end = torch.maximum(torch.where(valid, pos + 1, 0).amax(1), first)
+    ends = torch.stack([first, end, torch.full_like(first, kv_len)], 1)  # (B, 3) row-local sequence ends
+    rows = torch.arange(batch, device=valid.device)[:, None]
+    cu_k = ends + rows * kv_len
+    cu_q = (ends - (kv_len - q_len)).clamp(min=0) + rows * q_len
+    zero = torch.zeros(1, dtype=torch.int32, device=valid.device)
+    return (torch.cat([zero, cu_q.reshape(-1).to(torch.int32)]), torch.cat([zero, cu_k.reshape(-1).to(torch.int32)]),
+            valid[:, kv_len - q_len:])
+
+
+def flatten_batch(x: torch.Tensor) -> torch.Tensor:
+    """``(B, H, S, D)`` -> ``(1, H, B * S, D)``: all tokens, row after row (no selection)."""
+    b, h, s, d = x.shape
+    return x.transpose(0, 1).reshape(h, b * s, d).unsqueeze(0)
+
+
+def unflatten_batch(x: torch.Tensor, batch: int, keep: torch.Tensor) -> torch.Tensor:
+    """``(1, H, B * S, D)`` -> ``(B, S, H, D)`` with the tokens where ``keep (B, S)`` is False set to 0."""
+    _, h, t, d = x.shape
+    out = x.squeeze(0).view(h, batch, t // batch, d).permute(1, 2, 0, 3)
+    return torch.where(keep[:, :, None, None], out, out.new_zeros(()))

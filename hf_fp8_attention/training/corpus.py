@@ -60,7 +60,15 @@ def _load_files(paths: list[Path], text_column: str):
     builder = builders.pop()
     files = [str(p) for p in paths]
     kwargs = {"sample_by": "document"} if builder == "text" else {}
-    ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", **kwargs)
+    # The files are local: datasets' "Downloading data" bar (it copies them into its cache) would
+    # say otherwise, so the bars are off while the dataset is built, then restored.
+    bars_were_on = not datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_dataset(builder, data_files={"train": files}, split="train", **kwargs)
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
     if builder == "text":
         ds = ds.filter(lambda ex: bool(ex["text"].strip()))
     return _with_text_column(ds, text_column, "--data")

@@ -6,6 +6,7 @@ three attention implementations on the same batches in one process with nothing 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
@@ -14,6 +15,9 @@ import torch
 def blocks_tensor(ds) -> torch.Tensor:
     """``(N, S)`` int64 from a dataset of equal-length ``input_ids`` rows (see ``data.group_texts``)."""
     return torch.tensor(ds["input_ids"], dtype=torch.long)
+
+
+_clock = time.perf_counter  # the step timer (a test replaces it)
 
 
 def _sync(device: torch.device) -> None:
@@ -43,8 +47,11 @@ def train(model, train_blocks: torch.Tensor, *, steps: int, batch_size: int, lr:
           progress: bool = True) -> dict:
     """AdamW + linear warmup + cosine decay on batches drawn (seeded) from ``train_blocks``.
 
-    Returns ``{"steps": [...], "loss": [...], "tokens_per_s": float, "seconds": float}``; the
-    throughput excludes the first step (allocator and kernel warm-up).
+    Returns ``{"steps": [...], "loss": [...], "tokens_per_s": float, "seconds": float,
+    "step_seconds": [...]}``. ``tokens_per_s`` is the batch's tokens over the MEDIAN step time of the
+    steps after warm-up (the first ``warmup_steps_excluded(steps)``: allocator, kernel compilation):
+    the mean would let one step stalled by another process swing it by tens of times on a shared
+    machine. ``seconds``: wall time of the timed steps.
     """
     from tqdm import tqdm  # plain bar: tqdm.auto warns in notebooks without ipywidgets
     from transformers import get_cosine_schedule_with_warmup
@@ -55,12 +62,12 @@ def train(model, train_blocks: torch.Tensor, *, steps: int, batch_size: int, lr:
     warmup = max(1, steps // 10) if warmup is None else warmup
     sched = get_cosine_schedule_with_warmup(opt, warmup, steps)
     gen = torch.Generator().manual_seed(seed)
-    losses, timed_tokens, t0 = [], 0, None
+    losses, step_seconds, tokens_per_step = [], [], 0
+    skip = warmup_steps_excluded(steps)
     bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
     for step in bar:
-        if step == 1:
-            _sync(device)
-            t0 = time.perf_counter()
+        _sync(device)
+        t0 = _clock()
         idx = torch.randint(len(train_blocks), (batch_size,), generator=gen)
         ids = train_blocks[idx].to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
@@ -73,10 +80,18 @@ def train(model, train_blocks: torch.Tensor, *, steps: int, batch_size: int, lr:
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
-        if step >= 1:
-            timed_tokens += ids.numel()
+        _sync(device)
+        elapsed = _clock() - t0
+        if step >= skip:
+            step_seconds.append(elapsed)
+            tokens_per_step = ids.numel()
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    _sync(device)
-    seconds = time.perf_counter() - t0 if t0 is not None else float("nan")
+    median = statistics.median(step_seconds) if step_seconds else float("nan")
     return {"steps": list(range(1, steps + 1)), "loss": losses,
-            "tokens_per_s": timed_tokens / seconds if steps > 1 else float("nan"), "seconds": seconds}
+            "tokens_per_s": tokens_per_step / median if step_seconds else float("nan"),
+            "seconds": sum(step_seconds) if step_seconds else float("nan"), "step_seconds": step_seconds}
+
+
+def warmup_steps_excluded(steps: int) -> int:
+    """Steps left out of the throughput: the first one, and up to 10% of the run (at most 5)."""
+    return 0 if steps < 2 else min(steps - 1, max(1, min(5, steps // 10)))

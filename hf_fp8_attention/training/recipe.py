@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UsageError, created_output_dirs
 from .models import ATTN_CHOICES, SUPPORTED_MODEL_TYPES, check_attn, check_seq_len, head_dim_of, load_config, tiny_config
 
 _POSITIVE_INTS = ("seq_len", "batch_size", "max_steps", "vocab_size", "grad_accum", "corpus_bytes")
@@ -64,8 +64,8 @@ def resolve_defaults(args: argparse.Namespace, *, gpu: dict, tiny: dict) -> argp
         raise UsageError(f"--lr must be a positive number, got {args.lr}")
     if args.bf16 is None:
         args.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not use_tiny
-    if args.bf16 and not torch.cuda.is_available():
-        raise UsageError("--bf16 needs a CUDA GPU here (CPU bf16 autocast is too slow to be useful); drop it")
+    # --bf16 without a GPU runs bf16 autocast on the CPU (the FP8 attention casts q/k/v to the
+    # autocast dtype as sdpa does); it is slower than fp32 there, hence off by default.
     return args
 
 
@@ -97,9 +97,29 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
 
 
 def output_dir(args: argparse.Namespace, example: str) -> Path:
+    """``--output-dir`` or ``outputs/<example>/<attn>``, created; removed again if the run fails
+    before writing anything there (see :func:`.errors.remove_empty_output_dirs`)."""
     path = Path(args.output_dir or Path("outputs") / example / args.attn)
+    created = [p for p in (path, *path.parents) if not p.exists()]
     path.mkdir(parents=True, exist_ok=True)
+    created_output_dirs.extend(created)  # deepest first
     return path
+
+
+def checkpointing_args(enabled: bool) -> dict:
+    """TrainingArguments' activation-checkpointing fields under the name this Transformers uses.
+
+    Recent v5 releases renamed ``gradient_checkpointing(_kwargs)`` to ``activation_checkpointing(_kwargs)``
+    and warn (FutureWarning) whenever the old names are passed, even as False.
+    """
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    prefix = "activation" if "activation_checkpointing" in names else "gradient"
+    # Non-reentrant: works with frozen inputs (LoRA).
+    return {f"{prefix}_checkpointing": bool(enabled), f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
 
 
 def write_summary(out_dir: Path, summary: dict, lines: list[str]) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from .errors import UsageError
 
+# What AutoTokenizer.from_pretrained can load a tokenizer from (any one suffices).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
 
@@ -75,7 +77,13 @@ def load_tokenizer(model_path: str):
     try:
         tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     except (OSError, ValueError) as err:
-        raise UsageError(f"--model {model_path}: no usable tokenizer in the checkpoint directory ({err})".splitlines()[0]) from None
+        path = Path(model_path).expanduser()
+        if not any((path / name).exists() for name in TOKENIZER_FILES):
+            reason = (f"it holds none of {', '.join(TOKENIZER_FILES)}; save the model's tokenizer there "
+                      "(tokenizer.save_pretrained(DIR))")
+        else:  # Transformers' message spans several lines: keep all of it, on one line
+            reason = f"its tokenizer files could not be loaded: {' '.join(str(err).split())}"
+        raise UsageError(f"--model {model_path}: no usable tokenizer in the checkpoint directory; {reason}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token  # decoder-only checkpoints often ship without one; labels mask padding
     return tok

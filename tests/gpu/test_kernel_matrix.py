@@ -1,0 +1,72 @@
+"""The kernel matrix on the GPU: Triton forward and backward against the emulation on 320 fixed cases.
+
+The cases (tests/kernel_matrix.py) are a seeded random sample over batch, heads (GQA), lengths
+(1, odd, multiples of the 128-token tiles), head dims 64/96/128, bf16/fp16/fp32, causal, window,
+dense / left-padded / right-padded / packed layouts, and every recipe of ``RECIPES`` with each
+delta mode (recipes added later join automatically). Shapes stay small (<= 384 tokens per row) so
+the whole matrix takes about a minute of GPU time.
+
+Bounds are those of the existing GPU tests, for the same reasons (see their docstrings):
+forward ``‖ΔO‖/‖O‖ <= O_REL`` and ``|ΔLSE| <= LSE_ABS`` with the same rows without keys
+(tests/gpu/test_forward_kernel.py: emulation on the CPU, exact division); backward
+``GRAD_REL`` for fp32 gradients and ``BF16_REL`` for 16-bit ones (fp16 rounds finer than bf16)
+against the emulation's backward on the emulation's forward (tests/gpu/test_backward_kernel.py).
+A gradient whose emulated value is exactly zero (a query that sees a single key) must be zero.
+
+Kernel variants: the compiled axes (recipe and delta, head dim, dtype, causal, window, varlen) take
+36 combinations (see ``kernel_matrix.generate``), so a cold run compiles a bounded set of kernels.
+The list's coverage is checked on the CPU (tests/test_kernel_matrix_interpreter.py), which also runs
+an 8-case slice of the same builder under the Triton interpreter.
+
+Run: ``python -m pytest -m gpu tests/gpu/test_kernel_matrix.py``.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernel_matrix  # noqa: E402
+from helpers import rel_err  # noqa: E402
+from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
+from test_forward_kernel import _check_vs_emulation, _pinned_launch  # noqa: E402,F401  (autouse fixture)
+
+from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SEED = 20261201
+CASES = kernel_matrix.generate(320, SEED)
+MIN_KERNEL_BLOCK = 32  # FP8 MMAs contract over >= 32 tokens (smaller recipe blocks: emulation only)
+
+
+def _grad_bound(dtype: torch.dtype) -> float:
+    return GRAD_REL if dtype == torch.float32 else BF16_REL
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_kernels_match_emulation(case):
+    config = case.config()
+    if min(config.block_q, config.block_k) < MIN_KERNEL_BLOCK:
+        pytest.skip(f"recipe {case.recipe} has blocks below {MIN_KERNEL_BLOCK}: emulation only")
+    from hf_fp8_attention.kernels.backward import triton_backward
+
+    q, k, v, dout, mask = kernel_matrix.build(case, "cuda")
+    scale = case.d**-0.5
+    _check_vs_emulation(q, k, v, mask, config)  # forward: O and LSE bounds, rows without keys
+
+    # Backward alone, on the emulation's forward (as tests/gpu/test_backward_kernel.py).
+    out, lse = emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+    got = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+    ref = emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+    for label, x, r, like in zip(("dq", "dk", "dv"), got, ref, (q, k, v)):
+        assert x.shape == like.shape and x.dtype == like.dtype, label
+        assert torch.isfinite(x).all(), label
+        if r.float().norm() == 0:
+            assert not x.any(), f"{label} must be exactly zero"
+        else:
+            assert rel_err(x, r) <= _grad_bound(q.dtype), (label, rel_err(x, r))
