@@ -40,12 +40,13 @@ import functools
 
 import torch
 
-from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
+from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
-from .quantize import COMPILE_OPTIONS, Copies, interpreting, padded_head_dim, quantize_operands
+from .operands import copies_for, logit_factor, stats_for, tile_recipe
+from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
 
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
@@ -101,6 +102,9 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
         raise ValueError(f"triton_backward: the Triton kernels need CUDA tensors, got {q.device} "
                          "(the PyTorch emulation in reference.py runs anywhere)")
     check_compiled_blocks(config.block_q, config.block_k, "triton_backward", interpreting())
+    if config.backward is BackwardPrecision.FP8 and not LAUNCH["prequant"] and not tile_recipe(config):
+        raise ValueError("triton_backward: the in-register FP8 kernels (LAUNCH['prequant'] = False) run only the "
+                         "per-tile recipe without transforms (fp8_delta_tile / fp8_stale_tile)")
 
 
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
@@ -187,12 +191,16 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     # Row-wise copies for B1/B2 and transposed channel-wise copies per recipe block for B3-B5, made
     # by the forward's quantization kernel (so B1's codes are the forward's F1 codes, bit for bit):
     # one launch for Q and dO, one for K and V.
+    # The recipe's sequence statistics (channel amax, K's mean, per-head amax) come first, from the
+    # same kernels as the forward's, so the codes of Q and K for QKᵀ are the forward's.
+    qc, doc = copies_for("q", config, row=True, col=True), copies_for("do", config, row=True, col=True)
+    kc, vc = copies_for("k", config, row=True, col=True), copies_for("v", config, row=True, col=False)
     (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = quantize_operands(
-        (q, dout), (Copies(True, True, config.q_format), Copies(True, True, config.do_format)),
-        block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+        (q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q,
+        stats=(stats_for(q, qc, cq, max_q), stats_for(dout, doc, cq, max_q)))
     (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = quantize_operands(
-        (k, v), (Copies(True, True, config.k_format), Copies(True, False, config.v_format)),
-        block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
+        (k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k,
+        stats=(stats_for(k, kc, ck, max_k), stats_for(v, vc, ck, max_k)))
     if not varlen:  # the kernels read tile offsets only for packed sequences
         toff_q, toff_k = cu_q, cu_k
     interp = interpreting()
@@ -200,7 +208,8 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
                   DS_DTYPE=tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
     window = mask.window_arg
-    qk_scale = float(scale) * LOG2E
+    qk_scale = float(scale) * LOG2E * logit_factor(config, d)
+    recipe = dict(KV_HEAD=config.kv_scales is Granularity.HEAD, COL_SEQ=config.channel_scales is not Granularity.TILE)
     matched = config.delta is DeltaMode.MATCHED
     split_stats = matched and LAUNCH["split_dq_stats"]
     dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
@@ -212,7 +221,7 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
-            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0,
+            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe,
             **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
@@ -223,8 +232,8 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
-            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0,
-            **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
+            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe,
+            P_FIXED=config.p_scales is PScaling.FIXED, **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
 
 

@@ -95,16 +95,22 @@ def _vec(ptrs, ok, other, MASKED: tl.constexpr):
 
 @triton.jit
 def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
-            BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+            BLOCK_D: tl.constexpr, MASKED: tl.constexpr, KV_HEAD: tl.constexpr):
     """S (log2 units) and dP' = dP / sdo (dO's row scale left out, see the module docstring), both
     (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one key tile, from the row-wise
-    codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales."""
+    codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales. KV_HEAD: K's and V's scales
+    are one per (sequence, head), folded by the caller into ``sq`` and into dO's row scale, so
+    neither product is scaled per key here."""
     k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
-    sk = _vec(krs_base + keys, col_ok, 1.0, MASKED)
-    sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
-    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
-    dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sv[None, :]
+    if KV_HEAD:
+        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None]
+        dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32)
+    else:
+        sk = _vec(krs_base + keys, col_ok, 1.0, MASKED)
+        sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
+        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
+        dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sv[None, :]
     return s, dp
 
 
@@ -135,7 +141,7 @@ def _dq_stats_tiles(
     m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KV_HEAD: tl.constexpr,
 ):
     """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
     running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'). Masks
@@ -146,7 +152,7 @@ def _dq_stats_tiles(
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
-                        offs_d, BLOCK_D, MASKED)
+                        offs_d, BLOCK_D, MASKED, KV_HEAD)
         vis = None  # interior tiles: every pair is visible
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -162,12 +168,13 @@ def _dq_tiles(
     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
-    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
 ):
     """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_D) (before the factor τ)
     and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
     ``lse2do`` / ``delta_do``: LSE'^do and D' (BLOCK_Q,), see the module docstring. ``kcs_base``
-    points at the sequence's first key tile of K's channel-wise scales."""
+    points at the sequence's first key tile of K's channel-wise scales. COL_SEQ: those scales are the
+    sequence's, the same in every tile: the caller applies them once, after the loop."""
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -175,7 +182,7 @@ def _dq_tiles(
         col_ok = offs_n < k_len  # read only if MASKED
         keys = k_start + offs_n
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
-                        offs_d, BLOCK_D, MASKED)
+                        offs_d, BLOCK_D, MASKED, KV_HEAD)
         p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -191,8 +198,11 @@ def _dq_tiles(
         # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
         ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
         kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD, MASKED)
-        skc = tl.load(kcs_base + t * BLOCK_D + offs_d)
-        dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
+        if COL_SEQ:
+            dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None]
+        else:
+            skc = tl.load(kcs_base + t * BLOCK_D + offs_d)
+            dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
     return dq, ds_sum, pabs_sum
 
 
@@ -207,8 +217,13 @@ def bwd_dq_fp8_kernel(
     MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
+
+    KV_HEAD (one K and one V scale per (sequence, head)): K's joins sq and V's joins dO's row
+    scale sdo, so LSE'^do and D' are formed for dP'' = dP / (sdo · sv) and no logit or dP element is
+    scaled per key. COL_SEQ: K's channel scales are the sequence's, applied to dQ once at the end.
 
     STATS: form LSE', LSE'^do = LSE' − log2 sdo and D' = D / sdo and store them (LSE2, LSE2DO,
     DELTA); GRADS: form and store dQ. Matched, they may run as two launches (STATS only, then GRADS
@@ -241,6 +256,10 @@ def bwd_dq_fp8_kernel(
     do8 = _rows(DOR + bh_q * SQ_TOTAL * BLOCK_D, rows, row_ok, offs_d, BLOCK_D, True)
     sq = tl.load(QRS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0) * qk_scale
     sdo = tl.load(DORS + bh_q * SQ_TOTAL + rows, mask=row_ok, other=1.0)
+    if KV_HEAD:
+        has_keys = k_len > 0
+        sq = sq * tl.load(KRS + bh_k * SK_TOTAL + k_start, mask=has_keys, other=1.0)
+        sdo = sdo * tl.load(VRS + bh_k * SK_TOTAL + k_start, mask=has_keys, other=1.0)
     kr_base = KR + bh_k * SK_TOTAL * BLOCK_D
     vr_base = VR + bh_k * SK_TOTAL * BLOCK_D
     krs_base = KRS + bh_k * SK_TOTAL
@@ -262,14 +281,14 @@ def bwd_dq_fp8_kernel(
         if HAS_WINDOW:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                             kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo,
-                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
         m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
-                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
         if CAUSAL or HAS_WINDOW or not ALIGNED:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                             kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi,
-                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D)
+                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
@@ -298,16 +317,18 @@ def bwd_dq_fp8_kernel(
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
     dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
-                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET)
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
+    if COL_SEQ:
+        dq = dq * tl.load(kcs_base + offs_d)[None, :]
     dq = dq * tau
     dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -324,6 +345,7 @@ def _dkdv_tiles(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
     and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
@@ -331,7 +353,11 @@ def _dkdv_tiles(
     row-wise codes; dK alone does not quantize Pᵀ).
     The ``*_base`` pointers are the query head's (``lse2_base``: LSE' for dV's P; ``lse2do_base`` and
     ``delta_base``: LSE'^do and D' for dK's dS, see the module docstring); ``qcs_base`` /
-    ``docs_base`` point at the sequence's first query tile of the channel-wise scales."""
+    ``docs_base`` point at the sequence's first query tile of the channel-wise scales.
+    KV_HEAD: ``sk`` is K's one scale (a scalar, τ·log2 e included) and V's scale is in LSE'^do and
+    D' (see the dQ kernel). COL_SEQ: Q's and dO's channel scales are the sequence's; the caller
+    applies them per query head. P_FIXED: dV's P is cast as fp8(448 · P), its 1/448 applied by the
+    caller."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -341,13 +367,19 @@ def _dkdv_tiles(
         q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
         sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
         # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
-        st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+        if KV_HEAD:
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)[None, :]
+        else:
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
         if MASKED:
             vis = visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
         if COMPUTE_DK:
             do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-            dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None]
+            if KV_HEAD:
+                dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32)
+            else:
+                dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None]
             lse2do = _vec(lse2do_base + rows, row_ok, float("-inf"), MASKED)
             ptdo = tl.math.exp2(st - lse2do[None, :])  # P'ᵀ = Pᵀ · sdo
             if MASKED:
@@ -356,20 +388,32 @@ def _dkdv_tiles(
             dst = ptdo * (dpt - delta[None, :])
         if COMPUTE_DV:
             lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
+            if P_FIXED:
+                lse2 = lse2 - 8.807354922057604  # log2(448): Pᵀ comes out as 448·Pᵀ, on fp8's grid below
             pt = tl.math.exp2(st - lse2[None, :])
             if MASKED:
                 pt = tl.where(vis, pt, 0.0)
-            # B3: P per column of the query tile (= per row of Pᵀ), dO per channel within the tile.
-            p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
             doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
-            sdoc = tl.load(docs_base + t * BLOCK_D + offs_d)
-            dv += tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None] * sdoc[None, :]
+            # B3: P per column of the query tile (= per row of Pᵀ) or on the fixed grid; dO per
+            # channel within the tile, or the sequence's channel scales (applied by the caller).
+            if P_FIXED:
+                pv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct), out_dtype=tl.float32)
+            else:
+                p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
+                pv = tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None]
+            if COL_SEQ:
+                dv += pv
+            else:
+                dv += pv * tl.load(docs_base + t * BLOCK_D + offs_d)[None, :]
         if COMPUTE_DK:
             # B5: dS per column of the query tile, Q per channel within the tile.
             ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
             qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
-            sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
-            dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+            if COL_SEQ:
+                dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None]
+            else:
+                sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
+                dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
     return dk, dv
 
 
@@ -383,13 +427,19 @@ def bwd_dkdv_fp8_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
     tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
     holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py).
 
     ALIGNED (as in the dQ kernel): the leading boundary loop is compiled only for the causal
-    diagonal or a window, the trailing one only for a window."""
+    diagonal or a window, the trailing one only for a window.
+
+    COL_SEQ: each query head's channel scales of Q (dK) and dO (dV) are constant over the sequence,
+    so its products accumulate unscaled: before head g the accumulator is multiplied by
+    c_{g-1} / c_g (1 for g = 0), and by the last head's c once at the end, which gives
+    Σ_g c_g · (head g's products) with one rescale per head instead of one per tile."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -409,8 +459,12 @@ def bwd_dkdv_fp8_kernel(
     bh_k = (batch * HKV + hk).to(tl.int64)
     k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
     v8 = _rows(VR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
-    sk = tl.load(KRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0) * qk_scale
-    sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
+    if KV_HEAD:  # one scale per (sequence, head); V's is in LSE'^do and D'
+        sk = tl.load(KRS + bh_k * SK_TOTAL + k_start) * qk_scale
+        sv = sk
+    else:
+        sk = tl.load(KRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0) * qk_scale
+        sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
     # Per query head, query tiles in order: leading boundary tiles (causal diagonal, window edge),
     # interior tiles (no mask work), trailing boundary tiles (window edge, sequence end).
     t_lo, f_lo, f_hi, t_hi = query_tiles(n0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
@@ -418,6 +472,9 @@ def bwd_dkdv_fp8_kernel(
 
     dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    one = tl.full([BLOCK_D], 1.0, tl.float32)
+    c_q = one  # COL_SEQ: the current query head's channel scales of Q and dO
+    c_do = one
     for g in range(0, G):
         bh_q = (batch * H + hk * G + g).to(tl.int64)
         qr_base = QR + bh_q * SQ_TOTAL * BLOCK_D
@@ -430,22 +487,39 @@ def bwd_dkdv_fp8_kernel(
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
+        if COL_SEQ:
+            if COMPUTE_DK:
+                c_new = tl.load(qcs_base + offs_d)
+                dk = dk * tl.math.div_rn(c_q, c_new)[None, :]
+                c_q = c_new
+            if COMPUTE_DV:
+                c_new = tl.load(docs_base + offs_d)
+                dv = dv * tl.math.div_rn(c_do, c_new)[None, :]
+                c_do = c_new
         if CAUSAL or HAS_WINDOW:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
-                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
+                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
+                                 KV_HEAD, COL_SEQ, P_FIXED)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                              lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
+                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
+                                 KV_HEAD, COL_SEQ, P_FIXED)
         if HAS_WINDOW or not ALIGNED:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
-                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV)
+                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
+                                 KV_HEAD, COL_SEQ, P_FIXED)
     st_mask = col_ok[:, None] & d_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+    if COL_SEQ:
+        dk = dk * c_q[None, :]
+        dv = dv * c_do[None, :]
+    if P_FIXED:
+        dv = dv * (1.0 / 448.0)
     if COMPUTE_DK:
         tl.store(DK + off, (dk * tau).to(DK.dtype.element_ty), mask=st_mask)
     if COMPUTE_DV:

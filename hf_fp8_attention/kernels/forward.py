@@ -45,15 +45,16 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..config import FP8AttentionConfig
+from ..config import FP8AttentionConfig, Granularity
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
 from .constants import LOG2E
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
-    COMPILE_OPTIONS, Copies, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
-    scale_from_amax, to_fp8,
+    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, dot_dtype, fp8_cast, hadamard_operand, interpreting,
+    padded_head_dim, quantize_operands, rotate_rows, scale_from_amax, to_fp8,
 )
+from .operands import copies_for, logit_factor, stats_for
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
@@ -68,9 +69,13 @@ def _visit_tiles(
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr,
+    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
+
+    K_HEAD: K has one row scale per (sequence, head), folded into ``q_scale2`` by the caller, so
+    the logits skip the per-key scale. V_SEQ: V's channel scales are the sequence's (the same in
+    every key tile), applied once to O by the caller, so acc accumulates the raw P·V products.
 
     ``l`` and ``acc`` are kept relative to the reference r (module docstring) and in units of PMAX
     (448): the P codes are 2^(s − r_T + log2 448) directly, and the factor cancels in O = acc / l
@@ -96,20 +101,25 @@ def _visit_tiles(
         if MASKED and not KV_ALIGNED:
             n_ok = offs_n < kv_len
             k_codes = tl.load(k_ptrs, mask=n_ok[None, :], other=0.0)
-            k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
+            if not K_HEAD:
+                k_scale = tl.load(ks_base + offs_n, mask=n_ok, other=0.0)
             v_codes = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
         elif TMA:
             k_codes = k_desc.load([k_row0 + t * BLOCK_N, 0]).T  # (N, D) tile -> (D, N) view
-            k_scale = tl.load(ks_base + offs_n)
+            if not K_HEAD:
+                k_scale = tl.load(ks_base + offs_n)
             v_codes = vt_desc.load([vt_row0, k_start + t * BLOCK_N]).T  # (D, N) tile -> (N, D) view
         else:
             k_codes = tl.load(k_ptrs)
-            k_scale = tl.load(ks_base + offs_n)
+            if not K_HEAD:
+                k_scale = tl.load(ks_base + offs_n)
             v_codes = tl.load(v_ptrs)
-        v_scale = tl.load(vs_base + t * BLOCK_D + offs_d)
         # x = (Qc Kcᵀ)·sk; the logit in log2 units is s = q_scale2 · x with q_scale2 > 0, so the
         # row max commutes with the row factor and exponents are one FMA: q2·x − q2·max(x).
-        x = tl.dot(q_codes, k_codes) * k_scale[None, :]
+        if K_HEAD:
+            x = tl.dot(q_codes, k_codes)
+        else:
+            x = tl.dot(q_codes, k_codes) * k_scale[None, :]
         if MASKED:
             if KV_ALIGNED:
                 in_range = offs_n[None, :] < kv_len
@@ -134,7 +144,10 @@ def _visit_tiles(
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
         pv = tl.dot(p_codes, v_codes)
-        acc = acc * gamma[:, None] + pv * v_scale[None, :]
+        if V_SEQ:
+            acc = acc * gamma[:, None] + pv
+        else:
+            acc = acc * gamma[:, None] + pv * tl.load(vs_base + t * BLOCK_D + offs_d)[None, :]
         m_i = m_new
         r_i = r_t
     return acc, l_i, m_i, r_i
@@ -147,15 +160,20 @@ def _fwd_kernel(
     out_ptr, sob, soh, sos, sod,
     lse_ptr,
     cu_q_ptr, cu_k_ptr, tile_off_ptr,
+    h_ptr, q_row_amax_ptr,
     HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
     Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr,
+    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
+    Q_ROTATE: tl.constexpr, Q_HEAD: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """One program per (query tile, batch·query head). qk_scale = τ·log2 e. ``k_desc`` / ``vt_desc``:
+    """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
+    1/block). Recipe options: Q_ROTATE (Q times the ±1 Hadamard matrix at ``h_ptr`` before it is
+    quantized), Q_HEAD (Q's scale per (sequence, head) from ``q_row_amax``), K_HEAD and V_SEQ
+    (see :func:`_visit_tiles`). ``k_desc`` / ``vt_desc``:
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
     with TMA (the codes tensors themselves otherwise)."""
     n_m = tl.num_programs(0)
@@ -191,7 +209,12 @@ def _fwd_kernel(
     # Q tile -> per-token FP8 codes and scales (τ·log2 e folded into the scale).
     q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
     q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    q_scale = scale_from_amax(abs_max(q, 1), Q_FMAX, POW2)
+    if Q_ROTATE:
+        q = rotate_rows(q, h_ptr, BLOCK_D, DOT_DTYPE)
+    if Q_HEAD:
+        q_scale = tl.full([BLOCK_M], 1.0, tl.float32) * scale_from_amax(tl.load(q_row_amax_ptr + b * HQ + h), Q_FMAX, POW2)
+    else:
+        q_scale = scale_from_amax(abs_max(q, 1), Q_FMAX, POW2)
     q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT, True)
     q_scale2 = q_scale * qk_scale
 
@@ -206,6 +229,8 @@ def _fwd_kernel(
     t_lo, f_lo, f_hi, t_hi = key_tile_range(pos_lo, pos_hi, kv_len, window, 0, BLOCK_N, CAUSAL, HAS_WINDOW, False)
 
     bhk = bb * HKV + hk
+    if K_HEAD:  # every key of the (sequence, head) has the same scale: fold it into the row factor
+        q_scale2 = q_scale2 * tl.load(k_scales_ptr + bhk * SK + k_start, mask=kv_len > 0, other=1.0)
     k_base = k_codes_ptr + (bhk * SK + k_start) * BLOCK_D
     ks_base = k_scales_ptr + bhk * SK + k_start
     vt_base = vt_codes_ptr + bhk * BLOCK_D * S_PAD + k_start
@@ -227,18 +252,20 @@ def _fwd_kernel(
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
                                           kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
     if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi,
                                           kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED)
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
+    if V_SEQ:
+        acc = acc * tl.load(vs_base + offs_d)[None, :]  # the sequence's channel scales, once
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (r_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
     o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
@@ -293,9 +320,11 @@ def _sm_count(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int,
-                 tma: bool, kv_aligned: bool) -> dict:
+                 tma: bool, kv_aligned: bool, dot: object) -> dict:
     """The forward kernel's constexprs (cached: rebuilt only for a new recipe or mask kind)."""
     return dict(
+        K_HEAD=config.kv_scales is Granularity.HEAD, V_SEQ=config.channel_scales is not Granularity.TILE,
+        Q_ROTATE=config.hadamard, Q_HEAD=config.qdo_scales is Granularity.HEAD, DOT_DTYPE=dot,
         BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), TMA=tma, CAUSAL=causal, HAS_WINDOW=has_window,
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
@@ -345,10 +374,15 @@ def triton_forward(
     if varlen:
         max_q, max_k = varlen_max_lengths(mask)
     # K's row-wise copy (F1) and V's transposed channel-wise copy (F2), one launch.
+    # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
+    # after the statistics launches their sequence-wide scales and K's mean need.
+    k_copies, v_copies = copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True)
     (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
-        (k, v), (Copies(row=True, col=False, fmt=config.k_format), Copies(row=False, col=True, fmt=config.v_format)),
-        block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k, max_seqlen=max_k,
+        (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
+        max_seqlen=max_k, stats=(stats_for(k, k_copies, mask.cu_seqlens_k, max_k), stats_for(v, v_copies, mask.cu_seqlens_k, max_k)),
     )
+    q_copies = copies_for("q", config, row=True, col=False)
+    q_stats = stats_for(q, q_copies, mask.cu_seqlens_q, max_q) if q_copies.row_head else None
     if varlen:
         out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
@@ -374,11 +408,13 @@ def triton_forward(
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
     args = (
         q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
-        cu_q, cu_k, tile_off, hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
-        float(scale) * LOG2E, window,
+        cu_q, cu_k, tile_off, hadamard_operand(d, q.device) if config.hadamard else q,
+        q if q_stats is None else q_stats.row_amax,
+        hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
+        float(scale) * LOG2E * logit_factor(config, d), window,
     )
     meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
-                        not varlen and sk % config.block_k == 0)
+                        not varlen and sk % config.block_k == 0, dot_dtype(q))
     if max(rows, 0) == 0:
         return out, lse
 
@@ -394,6 +430,7 @@ def triton_forward(
     else:
         pinned = _pinned_launch()
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
+               meta["K_HEAD"], meta["V_SEQ"], meta["Q_ROTATE"], meta["Q_HEAD"],
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch))

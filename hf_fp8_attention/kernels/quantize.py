@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..config import FP8Format
+from ..transforms import hadamard_matrix
 from .constants import TL_FP8
 from .tiles import cdiv, next_pow2
 
@@ -201,14 +202,39 @@ def cast_meta(fmt: FP8Format, prefix: str) -> dict:
 
 
 @triton.jit
+def rotate_rows(x, h_ptr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix at ``h_ptr`` (BLOCK_D, BLOCK_D), in fp32.
+
+    The products are exact; DOT_DTYPE is the inputs' own 16-bit type (which holds them exactly), or
+    fp32 (a full-precision dot: fp32 inputs, and the interpreter)."""
+    offs = tl.arange(0, BLOCK_D)
+    h = tl.load(h_ptr + offs[:, None] * BLOCK_D + offs[None, :])
+    if DOT_DTYPE == tl.float32:
+        y = tl.dot(x, h, input_precision="ieee", out_dtype=tl.float32)
+    else:
+        y = tl.dot(x.to(DOT_DTYPE), h.to(DOT_DTYPE), out_dtype=tl.float32)
+    return y
+
+
+@triton.jit
 def _quantize_tile(
     x_base, sxs, sxd, row_codes_ptr, row_scales_ptr, col_codes_ptr, col_scales_ptr,
-    bhi, tile, start, length, slot, S, D, S_PAD, NT,
+    h_ptr, shift_ptr, row_amax_ptr, col_amax_ptr,
+    bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr, DTYPE: tl.constexpr,
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
+    ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     """The copies of one (BLOCK_S tokens, head) tile of one operand (``x_base``: its (batch, head)).
+
+    Recipe options (the sequence statistics at index ``sh`` = sequence·H + head, see
+    :mod:`.sequence_stats`): the row-wise copy quantizes ``xH − shift`` (ROTATE, SHIFT), with one
+    scale per token or, ROW_HEAD, the (sequence, head) scale from ``row_amax`` (stored per token all
+    the same, so the attention kernels read either alike); the channel-wise copy takes per-tile
+    channel scales (COL_MODE 0), the sequence's channel scales from ``col_amax`` (1) or one scale
+    for the (sequence, head) (2), stored in every tile slot of the sequence.
 
     A whole (BLOCK_S, BLOCK_D) fp32 tile in registers leaves room for one or two programs per SM
     (255 registers and spills at 128 x 128): too few loads in flight for HBM bandwidth. So each copy
@@ -227,7 +253,15 @@ def _quantize_tile(
             s_ok = offs_s < length
             x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
             x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-            r_scale = scale_from_amax(abs_max(x, 1), FMAX, POW2)
+            if ROTATE:
+                x = rotate_rows(x, h_ptr, BLOCK_D, DOT_DTYPE)
+            if SHIFT:
+                x = x - tl.load(shift_ptr + sh * BLOCK_D + offs_d)[None, :]
+            if ROW_HEAD:
+                head_scale = scale_from_amax(tl.load(row_amax_ptr + sh), FMAX, POW2)
+                r_scale = tl.full([ROW_CHUNK], 1.0, tl.float32) * head_scale
+            else:
+                r_scale = scale_from_amax(abs_max(x, 1), FMAX, POW2)
             r_codes = to_fp8(x, r_scale[:, None], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, True)
             tl.store(row_scales_ptr + bhi * S + tok, r_scale, mask=s_ok)
             r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
@@ -236,11 +270,19 @@ def _quantize_tile(
         tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
         tile_tok = start + tile_s
         tile_ok = tile_s < length
+        if COL_MODE == 2:
+            all_chan = tl.arange(0, BLOCK_D)
+            head_amax = tl.reduce(tl.load(col_amax_ptr + sh * BLOCK_D + all_chan), 0, max_nan)
         for g in range(0, BLOCK_D, COL_GROUP):
             chan = g + tl.arange(0, COL_GROUP)
             x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
             x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
-            c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
+            if COL_MODE == 0:
+                c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
+            elif COL_MODE == 1:
+                c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
+            else:
+                c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
             c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
             tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
             c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
@@ -254,14 +296,20 @@ def quantize_kernel(
     x_col_codes_ptr, x_col_scales_ptr,  # (B, H, DP, S_PAD), (B, H, NT, DP)
     y_ptr, syb, syh, sys_, syd,  # operand Y (same shape; grid axis 2 == 2 only): same layouts
     y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr, y_col_scales_ptr,
+    x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr,  # X's sequence statistics (read only if asked)
+    y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
+    h_ptr,  # (DP, DP) ±1 Hadamard matrix (read only if a copy is rotated)
     cu_ptr, tile_off_ptr,  # varlen: (n_seq + 1,) token offsets, (n_seq,) first tile slot of each sequence
     H, S, D, S_PAD, NT,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
     POW2: tl.constexpr, IS_VARLEN: tl.constexpr, CVT: tl.constexpr,
     X_ROW: tl.constexpr, X_COL: tl.constexpr, X_FMAX: tl.constexpr, X_DTYPE: tl.constexpr,
     X_MANT: tl.constexpr, X_SUB_MAGIC: tl.constexpr, X_SUB_MIN: tl.constexpr,
+    X_ROTATE: tl.constexpr, X_SHIFT: tl.constexpr, X_ROW_HEAD: tl.constexpr, X_COL_MODE: tl.constexpr,
     Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
+    Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     """One program per (tile of BLOCK_S tokens of one sequence, batch·head, operand).
 
@@ -287,16 +335,36 @@ def quantize_kernel(
         return
     bb = bb.to(tl.int64)
     bhi = bb * H + h
+    sh = b.to(tl.int64) * H + h  # (sequence, head) of the statistics
     if tl.program_id(2) == 0:
         _quantize_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr,
-                       x_col_scales_ptr, bhi, tile, start, length, slot, S, D, S_PAD, NT,
+                       x_col_scales_ptr, h_ptr, x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr,
+                       bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
-                       X_SUB_MAGIC, X_SUB_MIN, CVT)
+                       X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE)
     else:
         _quantize_tile(y_ptr + bb * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
-                       y_col_scales_ptr, bhi, tile, start, length, slot, S, D, S_PAD, NT,
+                       y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
+                       bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
-                       Y_SUB_MAGIC, Y_SUB_MIN, CVT)
+                       Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE)
+
+
+@functools.lru_cache(maxsize=16)
+def hadamard_operand(head_dim: int, device: torch.device) -> torch.Tensor:
+    """The ±1 Hadamard matrix of ``head_dim`` (:mod:`hf_fp8_attention.transforms`) zero-padded to
+    ``(DP, DP)`` fp32, contiguous: the B operand of :func:`rotate_rows`."""
+    dp = padded_head_dim(head_dim)
+    h = torch.zeros(dp, dp, dtype=torch.float32, device=device)
+    h[:head_dim, :head_dim] = hadamard_matrix(head_dim, device=device)
+    return h
+
+
+def dot_dtype(x: torch.Tensor):
+    """The dtype :func:`rotate_rows`' dot runs in for inputs like ``x``."""
+    if interpreting() or x.dtype == torch.float32:
+        return tl.float32
+    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
 
 
 def padded_head_dim(d: int) -> int:
@@ -321,11 +389,26 @@ def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tup
 
 
 class Copies(NamedTuple):
-    """Which FP8 copies of one operand to emit, and their format."""
+    """Which FP8 copies of one operand to emit, their format, and the recipe's options for them.
+
+    ``rotate`` / ``shift``: the row-wise copy quantizes ``xH − shift`` (Hadamard rotation; the
+    subtracted vector of the statistics, e.g. the rotated key mean). ``row_head``: one row-wise
+    scale per (sequence, head). ``col_mode``: channel-wise scales per tile (0), per channel of the
+    sequence (1), or one per (sequence, head) (2). Every option but the defaults needs the operand's
+    :class:`.sequence_stats.SequenceStats`.
+    """
 
     row: bool
     col: bool
     fmt: FP8Format = FP8Format.E4M3
+    rotate: bool = False
+    shift: bool = False
+    row_head: bool = False
+    col_mode: int = 0
+
+    @property
+    def needs_stats(self) -> bool:
+        return (self.row and (self.shift or self.row_head)) or (self.col and self.col_mode != 0)
 
 
 _NO_COPIES = Copies(False, False)
@@ -335,7 +418,9 @@ _NO_COPIES = Copies(False, False)
 def _copies_meta(copies: Copies, prefix: str) -> dict:
     """The kernel's constexprs for one operand (``prefix`` "X" or "Y"); cached: built once per kind."""
     return {f"{prefix}_ROW": copies.row, f"{prefix}_COL": copies.col, f"{prefix}_FMAX": copies.fmt.max,
-            f"{prefix}_DTYPE": TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix)}
+            f"{prefix}_DTYPE": TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix),
+            f"{prefix}_ROTATE": copies.row and copies.rotate, f"{prefix}_SHIFT": copies.row and copies.shift,
+            f"{prefix}_ROW_HEAD": copies.row and copies.row_head, f"{prefix}_COL_MODE": copies.col_mode if copies.col else 0}
 
 
 def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots: int, varlen: bool):
@@ -367,6 +452,7 @@ def quantize_operands(
     max_seqlen: int | None = None,
     row_chunk: int | None = None,
     col_group: int | None = None,
+    stats: tuple | None = None,
 ) -> list[tuple]:
     """Row-wise and/or transposed channel-wise FP8 copies of one or two tensors of one shape, in one
     launch (each tensor is read from memory once; with both copies each tile is read a second time,
@@ -381,6 +467,8 @@ def quantize_operands(
         row_chunk / col_group: tokens / channels a program reads at a time for the row-wise /
             channel-wise copy (powers of two; defaults in ``QUANT_LAUNCH``, capped at ``block`` /
             the padded head dim). They change the speed only, never a code or a scale.
+        stats: per tensor its :class:`.sequence_stats.SequenceStats` (or None), needed by the
+            options of :class:`Copies` beyond the defaults.
     Returns:
         Per tensor ``(row_codes (B, H, S, DP) | None, row_scales (B, H, S) fp32 | None,
         col_codes_t (B, H, DP, S_pad) | None, col_scales (B, H, NT, DP) fp32 | None, tile_off | None)``
@@ -416,13 +504,23 @@ def quantize_operands(
     operand_args = [(t, *t.stride(), *(dummy if o is None else o for o in out)) for t, out in zip(xs, outs)]
     if len(xs) == 1:
         operand_args.append(operand_args[0])  # operand Y: no copies, never read
+    stats = tuple(stats) if stats is not None else (None,) * len(xs)
+    stat_args = []
+    for c, st in zip(copies, stats):
+        if c.needs_stats and st is None:
+            raise ValueError(f"quantize_operands: {c} needs the operand's sequence statistics")
+        stat_args.append((dummy, dummy, dummy) if st is None else tuple(st))
+    if len(xs) == 1:
+        stat_args.append(stat_args[0])
+    rotated = any(c.row and c.rotate for c in copies)
+    h = hadamard_operand(d, x.device) if rotated else dummy
     quantize_kernel[grid](
-        *operand_args[0], *operand_args[1],
+        *operand_args[0], *operand_args[1], *stat_args[0], *stat_args[1], h,
         cu if varlen else dummy, tile_off if varlen else dummy,
         heads, seq, d, s_pad, n_slots,
         BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
         CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
-        num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
+        DOT_DTYPE=dot_dtype(x), num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
     )
     return [(*out, tile_off) for out in outs]
 

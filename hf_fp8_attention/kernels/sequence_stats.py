@@ -20,15 +20,13 @@ call (the backward re-quantizes Q and K exactly as the forward did).
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..transforms import hadamard_matrix
-from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim
+from .quantize import COMPILE_OPTIONS, dot_dtype, hadamard_operand, padded_head_dim, rotate_rows
 from .tiles import cdiv
 
 # Tokens one partials program reduces, and how many it loads at a time.
@@ -44,21 +42,6 @@ def _max_nan(a, b):
 @triton.jit
 def _min_nan(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def rotate_rows(x, h_ptr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix at ``h_ptr`` (BLOCK_D, BLOCK_D), fp32.
-
-    The products are exact; DOT_DTYPE is the inputs' own 16-bit type (exact for them), or fp32
-    (full-precision dot, for fp32 inputs and the interpreter)."""
-    offs = tl.arange(0, BLOCK_D)
-    h = tl.load(h_ptr + offs[:, None] * BLOCK_D + offs[None, :])
-    if DOT_DTYPE == tl.float32:
-        y = tl.dot(x, h, input_precision="ieee", out_dtype=tl.float32)
-    else:
-        y = tl.dot(x.to(DOT_DTYPE), h.to(DOT_DTYPE), out_dtype=tl.float32)
-    return y
 
 
 @triton.jit
@@ -168,32 +151,20 @@ class SequenceStats(NamedTuple):
     col_amax: torch.Tensor  # (n_seq, H, DP) fp32
 
 
-@functools.lru_cache(maxsize=16)
-def hadamard_operand(head_dim: int, device: torch.device) -> torch.Tensor:
-    """The ±1 Hadamard matrix of ``head_dim`` zero-padded to ``(DP, DP)`` fp32, contiguous."""
-    dp = padded_head_dim(head_dim)
-    h = torch.zeros(dp, dp, dtype=torch.float32, device=device)
-    h[:head_dim, :head_dim] = hadamard_matrix(head_dim, device=device)
-    return h
-
-
-def dot_dtype(x: torch.Tensor):
-    """The tl dtype the rotation's dot runs in for inputs like ``x`` (see :func:`rotate_rows`)."""
-    if interpreting() or x.dtype == torch.float32:
-        return tl.float32
-    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
-
-
 def sequence_stats(
     x: torch.Tensor,
     *,
     rotate: bool,
     smooth: bool,
+    row_amax: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> SequenceStats:
     """:class:`SequenceStats` of ``x (B, H, S, D)`` (any strides; varlen: ``B == 1`` and int32
-    ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest sequence)."""
+    ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest sequence). ``rotate`` / ``smooth``:
+    the row-wise copy's transforms. ``row_amax=False`` skips the rotation of every row in the first
+    launch when only the shift and the channel amax are wanted (the returned ``row_amax`` is then
+    meaningless)."""
     bsz, heads, seq, d = x.shape
     dp = padded_head_dim(d)
     varlen = cu_seqlens is not None
@@ -210,19 +181,20 @@ def sequence_stats(
     h = hadamard_operand(d, dev) if rotate else x
     part = torch.empty(max(n_slots, 1), bsz * heads, 4, dp, dtype=torch.float32, device=dev)
     shift = torch.empty(n_seq, heads, dp, dtype=torch.float32, device=dev)
-    row_amax = torch.empty(n_seq, heads, dtype=torch.float32, device=dev)
+    row_max = torch.empty(n_seq, heads, dtype=torch.float32, device=dev)
     col_amax = torch.empty(n_seq, heads, dp, dtype=torch.float32, device=dev)
     if n_seq == 0:
-        return SequenceStats(shift, row_amax, col_amax)
+        return SequenceStats(shift, row_max, col_amax)
     cu = cu_seqlens if varlen else x
     if max_len > 0:
         _partials_kernel[(cdiv(max_len, CHUNK), n_seq * heads)](
             x, *x.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads,
-            CHUNK=CHUNK, SUB=SUB_CHUNK, BLOCK_D=dp, ROTATE=rotate, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x),
+            CHUNK=CHUNK, SUB=SUB_CHUNK, BLOCK_D=dp, ROTATE=rotate and row_amax, IS_VARLEN=varlen,
+            DOT_DTYPE=dot_dtype(x),
             num_warps=4, **COMPILE_OPTIONS,
         )
     _finish_kernel[(n_seq, heads)](
-        part, h, shift, row_amax, col_amax, cu, chunk_off, heads, seq, bsz * heads,
+        part, h, shift, row_max, col_amax, cu, chunk_off, heads, seq, bsz * heads,
         CHUNK=CHUNK, BLOCK_D=dp, ROTATE=rotate, SMOOTH=smooth, IS_VARLEN=varlen, num_warps=4, **COMPILE_OPTIONS,
     )
-    return SequenceStats(shift, row_amax, col_amax)
+    return SequenceStats(shift, row_max, col_amax)

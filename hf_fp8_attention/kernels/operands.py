@@ -1,0 +1,55 @@
+"""The FP8 copies of Q, K, V and dO that a recipe asks for, and the statistics they need.
+
+One place maps an :class:`~hf_fp8_attention.config.FP8AttentionConfig` onto the options of the
+quantization kernel (:class:`.quantize.Copies`) for each operand and matmul role, so the forward
+and the backward quantize Q and K for QKᵀ identically (the backward's logits are the forward's):
+
+    role      copy     used by                          options from the config
+    Q, K      rows     S = QKᵀ (F1, B1)                 rotate (hadamard), K: shift (smooth_k),
+                                                        one scale per token or per (sequence, head)
+    dO, V     rows     dP = dO Vᵀ (B2)                  per token or per (sequence, head)
+    V, dO,    columns  PV (F2), Pᵀ dO (B3), dS K (B4),  channel_scales: per tile / channel / head
+    K, Q               dSᵀ Q (B5)
+"""
+from __future__ import annotations
+
+from ..config import FP8AttentionConfig, Granularity, PScaling
+from ..transforms import hadamard_block
+from .quantize import Copies
+from .sequence_stats import SequenceStats, sequence_stats
+
+COL_MODES = {Granularity.TILE: 0, Granularity.CHANNEL: 1, Granularity.HEAD: 2}
+
+
+def copies_for(role: str, config: FP8AttentionConfig, *, row: bool, col: bool) -> Copies:
+    """The copies of operand ``role`` ("q", "k", "v" or "do") to emit (``row`` / ``col``)."""
+    fmt = {"q": config.q_format, "k": config.k_format, "v": config.v_format, "do": config.do_format}[role]
+    row_gran = config.qdo_scales if role in ("q", "do") else config.kv_scales
+    return Copies(
+        row=row, col=col, fmt=fmt,
+        rotate=config.hadamard and role in ("q", "k"),
+        shift=config.smooth_k and role == "k",
+        row_head=row_gran is Granularity.HEAD,
+        col_mode=COL_MODES[config.channel_scales],
+    )
+
+
+def stats_for(x, copies: Copies, cu_seqlens=None, max_seqlen: int | None = None) -> SequenceStats | None:
+    """The operand's :class:`SequenceStats` when ``copies`` needs them (else None); ``cu_seqlens``
+    (int32) and ``max_seqlen`` of the token axis ``x`` lies on, for a packed batch."""
+    if not copies.needs_stats:
+        return None
+    return sequence_stats(x, rotate=copies.rotate, smooth=copies.shift, row_amax=copies.row and copies.row_head,
+                          cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:
+    """What the softmax scale is multiplied by for the rotated QKᵀ (1/block of the ±1 Hadamard)."""
+    return 1.0 / hadamard_block(head_dim) if config.hadamard else 1.0
+
+
+def tile_recipe(config: FP8AttentionConfig) -> bool:
+    """True for the first release's recipe: per-token and per-tile scales, no transforms."""
+    return (config.qdo_scales is Granularity.TOKEN and config.kv_scales is Granularity.TOKEN
+            and config.channel_scales is Granularity.TILE and config.p_scales is PScaling.TILE
+            and not config.smooth_k and not config.hadamard)
