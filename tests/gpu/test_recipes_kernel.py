@@ -1,0 +1,115 @@
+"""Every recipe's Triton kernels on an FP8-capable GPU: against the emulation (same config), on
+packed sequences of very different magnitudes, and on real activations (tests/data).
+
+Bounds are those of test_forward_kernel.py (O_REL, LSE_ABS) and test_backward_kernel.py
+(GRAD_REL, BF16_REL), with the same reasoning: Hopper's FP8 MMA keeps ~14 mantissa bits, so logits
+and dP carry ~2^-14 relative noise that flips P and dS codes at rounding boundaries. The rotation
+adds one more such source (the kernel's ±1 Hadamard product sums in another order than the
+emulation's fp32 matmul; its codes flip at ties only), far inside the same bounds.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from helpers import make_qkv, rel_err  # noqa: E402
+
+from hf_fp8_attention import RECIPES  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+O_REL, LSE_ABS, GRAD_REL = 1e-2, 2e-3, 1e-2
+KERNEL_RECIPES = ("fp8_delta", "fp8_stale", "fp8_delta_fast", "fp8_stale_fast", "fp8_delta_tile", "hybrid_delta")
+
+SHAPES = {
+    # name: ((B, Hq, Hkv, Sq, Sk, D), causal, window, packed cu_seqlens or None)
+    "causal_gqa_d128": ((1, 4, 2, 1000, 1000, 128), True, None, None),
+    "dense_d64": ((2, 4, 4, 300, 300, 64), False, None, None),
+    "window_d96": ((1, 2, 1, 700, 700, 96), True, 200, None),
+    "decode_q_short": ((1, 4, 2, 129, 700, 128), True, None, None),
+    "packed_d64": ((1, 4, 2, 600, 600, 64), True, None, [0, 130, 130, 517, 600]),
+}
+
+
+@pytest.fixture(autouse=True)
+def _pinned_launch(monkeypatch):
+    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3")
+
+
+def _mask(causal, window, cu, device):
+    if cu is None:
+        return MaskSpec(causal=causal, window=window)
+    t = torch.tensor(cu, dtype=torch.int32, device=device)
+    lens = [b - a for a, b in zip(cu, cu[1:])]
+    return MaskSpec(causal=causal, window=window, cu_seqlens_q=t, cu_seqlens_k=t,
+                    max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("recipe", KERNEL_RECIPES)
+def test_kernels_match_emulation(recipe, shape):
+    from hf_fp8_attention.kernels.backward import triton_backward
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    dims, causal, window, cu = SHAPES[shape]
+    config = RECIPES[recipe]
+    q, k, v, do = make_qkv(*dims, dtype=torch.float32, seed=7, outliers=True)
+    scale = dims[-1] ** -0.5
+    mask_cpu, mask_gpu = _mask(causal, window, cu, "cpu"), _mask(causal, window, cu, "cuda")
+    ref_out, ref_lse = emulated_forward(q, k, v, scale=scale, mask=mask_cpu, config=config)
+    ref_grads = emulated_backward(q, k, v, ref_out, ref_lse, do, scale=scale, mask=mask_cpu, config=config)
+    qg, kg, vg, dog = (t.cuda() for t in (q, k, v, do))
+    out, lse = triton_forward(qg, kg, vg, scale=scale, mask=mask_gpu, config=config)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), fin)
+    assert (lse.cpu()[fin] - ref_lse[fin]).abs().max().item() <= LSE_ABS
+    assert rel_err(out.cpu(), ref_out) <= O_REL, rel_err(out.cpu(), ref_out)
+    # The backward on the emulation's forward, so it is checked alone.
+    grads = triton_backward(qg, kg, vg, ref_out.cuda(), ref_lse.cuda(), dog, scale=scale, mask=mask_gpu, config=config)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert rel_err(g.cpu(), r) <= GRAD_REL, (name, rel_err(g.cpu(), r))
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+def test_packed_sequences_keep_their_own_scales(recipe):
+    """A sequence 1000x larger packed after a small one: the small one's outputs and gradients
+    are those it gets alone (scales crossing the boundary would flush it to zero codes)."""
+    from hf_fp8_attention import fp8_attention
+
+    config = RECIPES[recipe]
+    small = [t.cuda() for t in make_qkv(hq=4, hkv=2, sq=300, dtype=torch.bfloat16, seed=1)]
+    large = [t.cuda() * (1000 if i < 3 else 1) for i, t in enumerate(make_qkv(hq=4, hkv=2, sq=500, dtype=torch.bfloat16, seed=2))]
+
+    def run(q, k, v, do, **kw):
+        q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+        out = fp8_attention(q, k, v, causal=True, scale=0.125, config=config, **kw)
+        return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+    cu = torch.tensor([0, 300, 800], dtype=torch.int32, device="cuda")
+    packed = run(*(torch.cat([a, b], dim=2) for a, b in zip(small, large)), cu_seqlens_q=cu, cu_seqlens_k=cu)
+    alone = run(*small)
+    for name, x, ref in zip(("out", "dq", "dk", "dv"), packed, alone):
+        assert rel_err(x[:, :, :300], ref) <= GRAD_REL + 2.0**-8, (name, rel_err(x[:, :, :300], ref))
+
+
+def test_fixture_errors_of_the_kernels_match_the_emulation():
+    """On real activations the kernels' errors against float64 are within 5% of the emulation's."""
+    from recipe_errors import DEFAULT_FIXTURE, SCALE, load_layers, recipe_errors
+
+    from hf_fp8_attention.exact import exact_attention_grads
+
+    for layer, tensors in load_layers(DEFAULT_FIXTURE, 1024).items():
+        exact = exact_attention_grads(*tensors[:3], tensors[3], scale=SCALE, mask=MaskSpec(causal=True))
+        for name in ("fp8_delta", "fp8_delta_fast"):
+            emu = recipe_errors(*tensors, RECIPES[name].replace(backend="emulation"), exact)
+            gpu = recipe_errors(*(t.cuda() for t in tensors), RECIPES[name], tuple(t.cuda() for t in exact))
+            for key in ("O", "dQ", "dK", "dV"):
+                assert abs(gpu[key] - emu[key]) <= 0.05 * emu[key], (layer, name, key, gpu[key], emu[key])
