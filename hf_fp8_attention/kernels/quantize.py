@@ -34,7 +34,7 @@ import triton.language as tl
 from ..config import FP8Format
 from ..transforms import hadamard_matrix
 from .constants import TL_FP8
-from .tiles import cdiv, next_pow2
+from .tiles import block_of_sequence, cdiv, next_pow2
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
@@ -321,16 +321,7 @@ def quantize_kernel(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if IS_VARLEN:
-        start = tl.load(cu_ptr + b)
-        length = tl.load(cu_ptr + b + 1) - start
-        slot = tl.load(tile_off_ptr + b) + tile
-        bb = b * 0
-    else:
-        start = 0
-        length = S
-        slot = tile
-        bb = b
+    start, length, slot, bb = block_of_sequence(b, tile, cu_ptr, tile_off_ptr, S, IS_VARLEN)
     if tile * BLOCK_S >= length:
         return
     bb = bb.to(tl.int64)

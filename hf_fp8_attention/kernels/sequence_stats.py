@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .quantize import COMPILE_OPTIONS, dot_dtype, hadamard_operand, padded_head_dim, rotate_rows
-from .tiles import cdiv
+from .tiles import block_of_sequence, cdiv
 
 # Tokens one partials program reduces, and how many it loads at a time.
 CHUNK = 256
@@ -57,16 +57,7 @@ def _partials_kernel(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if IS_VARLEN:
-        start = tl.load(cu_ptr + b)
-        length = tl.load(cu_ptr + b + 1) - start
-        slot = tl.load(chunk_off_ptr + b) + chunk
-        bb = b * 0
-    else:
-        start = 0
-        length = S
-        slot = chunk
-        bb = b
+    start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
     if chunk * CHUNK >= length:
         return
     offs_d = tl.arange(0, BLOCK_D)

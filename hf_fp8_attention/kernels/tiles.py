@@ -131,6 +131,26 @@ def tile_slot(seq, tile, TOFF, VARLEN: tl.constexpr):
     return s
 
 
+@triton.jit
+def block_of_sequence(b, block, cu_ptr, block_off_ptr, S, IS_VARLEN: tl.constexpr):
+    """``(start, length, slot, batch)`` of block ``block`` of sequence ``b`` on the token axis:
+    VARLEN, the packed sequence's first token and length from ``cu_ptr`` (n_seq + 1,), the block's
+    slot from ``block_off_ptr`` (each sequence's first slot) and batch 0; dense, batch ``b`` from
+    token 0 with S tokens and slot ``block``. Used by the per-block programs of the quantization
+    and statistics kernels."""
+    if IS_VARLEN:
+        start = tl.load(cu_ptr + b)
+        length = tl.load(cu_ptr + b + 1) - start
+        slot = tl.load(block_off_ptr + b) + block
+        batch = b * 0
+    else:
+        start = 0
+        length = S
+        slot = block
+        batch = b
+    return start, length, slot, batch
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for host-side grids (plain Python: ``triton.cdiv`` costs a microsecond a call in
     newer Triton, and a launch computes several)."""
