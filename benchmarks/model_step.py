@@ -30,12 +30,18 @@ from bench_attention import environment, write_results  # noqa: E402
 KINDS = ("dense", "padded")
 
 
+def build_model(config, impl: str, dtype: torch.dtype = torch.bfloat16, device: str = "cuda", seed: int = 0):
+    """A causal LM built from ``config`` (no hub) with ``attn_implementation=impl``, the same weights for
+    the same ``seed`` whatever ``impl`` is."""
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=dtype).to(device)
+
+
 def _model(impl: str, layers: int, hidden: int, heads: int, kv_heads: int):
     config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          head_dim=hidden // heads, num_hidden_layers=layers, intermediate_size=hidden * 8 // 3,
                          vocab_size=32000, attention_dropout=0.0)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.bfloat16).cuda()
+    return build_model(config, impl)
 
 
 def _batch(kind: str, batch: int, seq: int):

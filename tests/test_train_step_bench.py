@@ -1,0 +1,34 @@
+"""``benchmarks/train_step.py --tiny`` on CPU (a subprocess, offline): it runs and writes its rows."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_step_tiny_on_cpu_writes_rows(tmp_path):
+    env = {**os.environ, "HF_FP8_ATTENTION_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "benchmarks/train_step.py", "--tiny", "--attn", "sdpa,fp8_delta", "--modes", "eager",
+           "--steps", "1", "--warmup", "1", "--models", "smollm2", "--tag", "tiny_test", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, text=True, capture_output=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "on CPU in fp32" in proc.stdout
+
+    data = json.loads((tmp_path / "tiny_test.json").read_text())
+    assert data["env"]["device"] == "cpu" and data["env"]["transformers"]
+    rows = {(r["model"], r["mode"], r["attn"], r["context"]): r for r in data["rows"]}
+    assert set(rows) == {("smollm2", "eager", "sdpa", 256), ("smollm2", "eager", "fp8_delta", 256)}
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["step_ms"] > 0
+    assert rows[("smollm2", "eager", "sdpa", 256)]["x_sdpa"] == 1.0
+    assert rows[("smollm2", "eager", "fp8_delta", 256)]["x_sdpa"] > 0
+
+    table = (tmp_path / "tiny_test.md").read_text()
+    assert "| eager | 256 | fp8_delta |" in table and "transformers" in table
+    assert table in proc.stdout
