@@ -61,11 +61,15 @@ def greedy_continuation(model, prompt: torch.Tensor, steps: int) -> torch.Tensor
 @torch.no_grad()
 def cached_and_full(model, prompt: torch.Tensor, cont: torch.Tensor) -> tuple[list, list]:
     """Next-token logits after each continuation token: from cached steps, and from full recomputes."""
+    import inspect
+
+    # Transformers 5.24 names the KV cache ``cache`` (``past_key_values`` before, deprecated now).
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(prompt, use_cache=True)
-    cache, cached = out.cache, []  # Transformers >= 5.24 names it ``cache`` (``past_key_values`` before)
+    cache, cached = getattr(out, name), []
     for t in range(cont.shape[1]):
-        out = model(cont[:, t:t + 1], cache=cache, use_cache=True)
-        cache = out.cache
+        out = model(cont[:, t:t + 1], use_cache=True, **{name: cache})
+        cache = getattr(out, name)
         cached.append(out.logits[0, -1].float())
     full = [model(torch.cat([prompt, cont[:, :t + 1]], dim=1), use_cache=False).logits[0, -1].float()
             for t in range(cont.shape[1])]
