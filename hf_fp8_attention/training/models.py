@@ -91,8 +91,10 @@ def load_config(model_path: str):
     return AutoConfig.from_pretrained(str(path), local_files_only=True)
 
 
-def build_model(config, attn: str, *, model_path: str | None = None, dtype=None, seed: int = 0):
-    """A causal LM with ``attn_implementation=attn``: from ``config`` (fresh weights, seeded) or ``model_path``."""
+def build_model(config, attn: str, *, model_path: str | None = None, gguf_file: str | None = None, dtype=None,
+                seed: int = 0):
+    """A causal LM with ``attn_implementation=attn``: from ``config`` (fresh weights, seeded), a local
+    checkpoint ``model_path``, or a GGUF file ``gguf_file`` (a plain model: :mod:`.pretrained`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -100,6 +102,12 @@ def build_model(config, attn: str, *, model_path: str | None = None, dtype=None,
     if attn in FP8_ATTNS and getattr(config, "attention_dropout", 0.0):
         raise UsageError(f"--attn {attn}: the model has attention_dropout={config.attention_dropout}, which FP8 "
                          "attention does not implement; set it to 0.0 in config.json or use --attn sdpa")
+    if gguf_file is not None:
+        from .pretrained import load_gguf_model
+
+        model = load_gguf_model(gguf_file, attn, dtype=dtype)
+        model.train()
+        return model
     if model_path is not None:
         return AutoModelForCausalLM.from_pretrained(model_path, config=config, attn_implementation=attn,
                                                     local_files_only=True, dtype=dtype)

@@ -73,6 +73,7 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
             check_len: bool = True):
     """Corpus, tokenizer and model config for ``args`` (model weights are built/loaded by the caller).
 
+    With ``args.gguf_file`` (a GGUF file, see :mod:`.pretrained`) config and tokenizer come from it.
     Returns ``(corpus, tokenizer, config)``; raises :class:`UsageError` on bad paths, unsupported
     models, empty data, or a ``--seq-len`` the model cannot take.
     """
@@ -80,12 +81,20 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
     from .tokenizer import load_tokenizer, train_tokenizer
 
     check_attn(args.attn)
+    gguf_file = getattr(args, "gguf_file", None)  # only the examples that offer --gguf-file have it
+    if gguf_file is not None:
+        from .pretrained import load_gguf_config, load_gguf_tokenizer
+
+        if args.model is not None:
+            raise UsageError("--model and --gguf-file both given; pass one of them")
+        config = load_gguf_config(gguf_file)
+        tokenizer = load_gguf_tokenizer(gguf_file)
     if args.model is not None:
         config = load_config(args.model)
         tokenizer = load_tokenizer(args.model)
     corpus = load_corpus(args.data, text_column=args.text_column,
                          max_bytes=args.corpus_bytes if args.data is None else None)
-    if args.model is None:
+    if args.model is None and gguf_file is None:
         tokenizer = train_tokenizer(corpus, args.vocab_size, show_progress=not args.no_progress)
         config = tiny_config(args.family, args.size, vocab_size=len(tokenizer),
                              max_position_embeddings=max_position_embeddings or args.seq_len,
