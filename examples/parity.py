@@ -388,7 +388,8 @@ def make_callback(run_dir: Path, log_path: Path, mode: str, probe_ids, args, dea
             self.stopped = False
             self.step_started = self.step_ended = None
             self.max_step_s = self.max_gap_s = 0.0
-            self.save_s = 30.0 if on_gpu else 2.0
+            self.save_s = 30.0 if on_gpu else 2.0  # a guess until the first save is timed
+            self.save_measured = False
 
         def _probe(self, model, step):
             t0 = time.monotonic()
@@ -424,9 +425,10 @@ def make_callback(run_dir: Path, log_path: Path, mode: str, probe_ids, args, dea
             return control
 
         def on_save(self, targs, state, control, **kw):
-            if self.step_ended is not None:
-                self.save_s = max(self.save_s if self.save_s != (30.0 if on_gpu else 2.0) else 0.0,
-                                  time.monotonic() - self.step_ended)
+            if self.step_ended is not None:  # the first measured save replaces the guess
+                took = time.monotonic() - self.step_ended
+                self.save_s = max(self.save_s, took) if self.save_measured else took
+                self.save_measured = True
 
         def on_log(self, targs, state, control, logs=None, **kw):
             logs = dict(logs or {})
@@ -520,10 +522,23 @@ def _settings(args, **extra) -> dict:
     return out
 
 
+_SELECTORS = ("--modes", "--variants", "--seeds", "--sizes", "--stop-after", "--max-minutes")
+
+
 def _command(args, phase: str, **flags) -> str:
-    parts = ["python", "examples/parity.py", phase]
+    """The command line that reproduces one run: this command's own flags (less the run selectors
+    and the time limits), then the run's mode, variant, seed (and size)."""
+    parts, argv, i = ["python", "examples/parity.py", phase], list(args._argv), 0
+    while i < len(argv):
+        flag = argv[i]
+        name = flag.split("=", 1)[0]
+        if name in _SELECTORS or name in ("--no-progress", "--tiny") or flag == phase:
+            i += 1 if ("=" in flag or name in ("--no-progress", "--tiny") or flag == phase) else 2
+            continue
+        parts.append(flag)
+        i += 1
     if args.setting == "tiny":
-        parts.append("--tiny")
+        parts.insert(3, "--tiny")
     for key, value in flags.items():
         if value is not None:
             parts += [f"--{key.replace('_', '-')}", str(value)]
@@ -534,7 +549,9 @@ def run_all(runs: list, args, deadline: Deadline) -> dict:
     """Train each ``(spec, make_model)`` in order until the deadline; report the state of all."""
     states = {}
     for spec, kwargs in runs:
-        if deadline.left() <= 0 and not (Path(spec["run_dir"]) / "done.json").exists():
+        # A new process needs time to load a model, take a step and save: don't start a run without it.
+        min_left = 60.0 if args.setting == "gpu" else 0.0
+        if deadline.left() <= min_left and not (Path(spec["run_dir"]) / "done.json").exists():
             states[spec["run_dir"]] = "pending"
             continue
         states[spec["run_dir"]] = train_run(spec, args=args, deadline=deadline, **kwargs)
@@ -590,8 +607,7 @@ def finetune_or_extend(args) -> dict:
                                      lora_rank=args.lora_rank if variant == "lora" else None)
                 if extend:
                     settings.update(base_len=args.base_len, factor=args.factor, rope_type=args.rope_type)
-                flags = dict(model=args.model, gguf=args.gguf, modes=mode, variants=variant, seeds=seed,
-                             out_dir=args.out_dir)
+                flags = dict(modes=mode, variants=variant, seeds=seed)
                 spec = {"phase": args.command, "group": group, "mode": mode, "seed": seed, "variant": variant,
                         "size": tag, "settings": settings, "command": _command(args, args.command, **flags),
                         "run_dir": str(out_root / args.command / group / f"{mode}-seed{seed}")}
@@ -634,7 +650,7 @@ def ladder(args) -> dict:
                 settings = _settings(args, seq_len=args.seq_len, lr=args.lr, variant="full", size=size, params=params,
                                      vocab_size=args.vocab_size, tokens_per_param=args.tokens_per_param)
                 settings.update(max_steps=max_steps, warmup_steps=warmup)
-                flags = dict(sizes=size, modes=mode, seeds=seed, out_dir=args.out_dir)
+                flags = dict(sizes=size, modes=mode, seeds=seed)
                 spec = {"phase": "ladder", "group": group, "mode": mode, "seed": seed, "variant": "full",
                         "size": size, "params": params, "settings": settings,
                         "command": _command(args, "ladder", **flags),
@@ -791,6 +807,7 @@ def report(args) -> dict:
 @main_with_usage_errors
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command == "report":
         return report(args)

@@ -97,7 +97,10 @@ def test_report(out, env):
     stdout = parity(["report", "--tiny", "--out-dir", str(out), "--report-dir", str(report_dir)], env)
     md = (report_dir / "report.md").read_text()
     assert "## finetune — tiny-full" in md and "## ladder — 30m-full" in md and "## extend — tiny-full" in md
-    assert "| fp8_delta | 0 |" in md and "python examples/parity.py finetune --tiny" in md
+    assert "| fp8_delta | 0 |" in md
+    # each run's command: the phase's own flags, less the selectors and time limits, plus the run's
+    assert (f"python examples/parity.py finetune --tiny --eval-every 2 --probe-every 2 --save-every 2 --max-steps 4 "
+            f"--out-dir {out} --modes fp8_delta --variants full --seeds 0") in md
     assert "±" in md  # two seeds at the smallest ladder size: a spread
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
     assert "finetune_tiny-full_loss_diff_train.png" in pngs and "ladder_30m-full_row_sum_residual.png" in pngs
