@@ -61,9 +61,10 @@ def row_sum_residuals(model, input_ids: torch.Tensor, recipe: str, *, max_layers
         recipe: a name in ``hf_fp8_attention.RECIPES`` (e.g. ``"fp8_delta"``, ``"fp8_stale"``).
         max_layers: diagnose only the first ``max_layers`` layers (cost control at large sizes).
     Returns:
-        ``{"median": float, "per_layer_median": [float], "rel_err": {name: float}}`` where ``median``
-        is over all query rows of all diagnosed layers, and ``rel_err`` averages the recipe's
-        out/dq/dk/dv relative errors vs fp64 attention over the layers.
+        ``{"median": float, "per_layer_median": [float], "per_layer_key_shift": [float],
+        "rel_err": {name: float}}`` where ``median`` is over all query rows of all diagnosed layers,
+        ``per_layer_key_shift`` is each layer's key-shift residual ‖Σ_j dK_j‖ / ‖Σ_j |dK_j|‖, and
+        ``rel_err`` averages the recipe's out/dq/dk/dv relative errors vs fp64 attention over the layers.
     """
     from hf_fp8_attention import RECIPES
     from hf_fp8_attention.diagnostics import diagnose
@@ -77,7 +78,7 @@ def row_sum_residuals(model, input_ids: torch.Tensor, recipe: str, *, max_layers
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     layers = [records[i] for i in sorted(records)][:max_layers]
-    all_rows, per_layer, rel = [], [], {}
+    all_rows, per_layer, key_shift, rel = [], [], [], {}
     for rec in layers:
         if "dout" not in rec:
             raise RuntimeError("attention output received no gradient; cannot measure the residual")
@@ -86,7 +87,9 @@ def row_sum_residuals(model, input_ids: torch.Tensor, recipe: str, *, max_layers
         rows = report.row_sum_residual.detach().double().cpu()
         all_rows.append(rows)
         per_layer.append(float(report.median_row_sum_residual))
+        key_shift.append(float(report.key_shift_residual))
         for key, value in report.rel_err.items():
             rel[key] = rel.get(key, 0.0) + float(value) / len(layers)
     rows = torch.cat(all_rows)
-    return {"median": float(rows.median()), "per_layer_median": per_layer, "rel_err": rel, "rows": rows}
+    return {"median": float(rows.median()), "per_layer_median": per_layer, "per_layer_key_shift": key_shift,
+            "rel_err": rel, "rows": rows}
