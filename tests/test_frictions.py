@@ -139,13 +139,14 @@ def test_local_files_load_without_downloading_message(tmp_path, capfd):
     data.mkdir()
     for i in range(40):  # datasets shows the bar from 16 files on (the default corpus has hundreds)
         (data / f"doc{i}.txt").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    import datasets
+
+    before = datasets.utils.are_progress_bars_disabled()
     ds = load_corpus(str(data))
     assert len(ds) == 40
     _, err = capfd.readouterr()
     assert "Downloading" not in err, err
-    import datasets
-
-    assert not datasets.utils.are_progress_bars_disabled()  # restored
+    assert datasets.utils.are_progress_bars_disabled() == before  # restored, whatever it was
 
 
 def test_bf16_on_cpu_is_accepted(monkeypatch):
