@@ -9,6 +9,10 @@ codes and scales bit-identical to the emulation):
     K : row-wise (B1) and channel-wise per key tile (B4), transposed
     V : row-wise (B2);   dO: row-wise (B2) and channel-wise per query tile (B3), transposed
 
+(the tile recipe; recipe v2 rotates Q and K and smooths K in their B1 copies, may take one row
+scale per (sequence, head), and channel scales per channel of the sequence or per head: see
+:mod:`.operands`, and the KV_HEAD / COL_SEQ / P_FIXED options of the kernels below)
+
 The transposed channel-wise copies ``(B, H, DP, S_pad)`` make every matmul that contracts over
 tokens read a K-major operand (Hopper's FP8 MMA wants both operands K-major). Only P and dS are
 quantized inside the kernels, from fp32 registers; their codes use ``x · (1/scale)`` with the

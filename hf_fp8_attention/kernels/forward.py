@@ -3,9 +3,13 @@
 Reference maths (what :func:`hf_fp8_attention.reference.emulated_forward` computes), per query row i
 and key tile T of ``BLOCK_N = config.block_k`` keys (tiles start at each sequence's start)::
 
-    Qc, sq = quant_row(Q)            Kc, sk = quant_row(K)            (per token, E4M3)
-    Vc, sv = quant_col_tile(V)       (per channel within each key tile)
-    s_ij   = τ · (Qc Kcᵀ)_ij · sq_i · sk_j                  (-inf where masked)
+    Qc, sq = quant_row(Q H)          Kc, sk = quant_row(K H − μH)     (per token or per head, E4M3)
+    Vc, sv = quant_col(V)            (per channel within each key tile, per channel of the
+                                      sequence, or one per head: config.channel_scales)
+    s_ij   = τ/b · (Qc Kcᵀ)_ij · sq_i · sk_j                (-inf where masked)
+
+(H, μ, b: the rotation, the key mean and the rotation's block, with ``config.hadamard`` /
+``config.smooth_k``; without them H = I, μ = 0, b = 1: :mod:`hf_fp8_attention.transforms`.)
     m_iT   = max_{j∈T} s_ij
     C_ij   = fp8(448 · exp(s_ij − m_iT))                  (P codes, independent of the running max)
     LSE_i  = log Σ_j exp(s_ij)
