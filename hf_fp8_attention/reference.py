@@ -96,12 +96,17 @@ def fp8_round(x: torch.Tensor, fmt) -> torch.Tensor:
     return x.to(fmt.dtype).float()
 
 
+def _fq_head(x, fmt, config):
+    """One scale per (sequence, head): amax over the tokens and channels of ``x (..., S, D)``."""
+    flat = x.reshape(*x.shape[:-2], -1)
+    return fake_quantize(flat, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales).reshape(x.shape)
+
+
 def _fq_row(x, fmt, granularity, config):
     """The operand of a head-dim contraction: one scale per token (TOKEN) or per (sequence, head)
     (HEAD: amax over the sequence's tokens and channels). ``x (..., S, D)``."""
     if granularity is Granularity.HEAD:
-        flat = x.reshape(*x.shape[:-2], -1)
-        return fake_quantize(flat, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales).reshape(x.shape)
+        return _fq_head(x, fmt, config)
     return fake_quantize(x, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales)
 
 
@@ -110,8 +115,7 @@ def _fq_col(x, fmt, block, config):
     tokens (TILE), per channel over the sequence (CHANNEL), or one scale per (sequence, head)."""
     granularity = config.channel_scales
     if granularity is Granularity.HEAD:
-        flat = x.reshape(*x.shape[:-2], -1)
-        return fake_quantize(flat, dim=-1, block=None, fmt=fmt, pow2=config.pow2_scales).reshape(x.shape)
+        return _fq_head(x, fmt, config)
     block = block if granularity is Granularity.TILE else None
     return fake_quantize(x, dim=-2, block=block, fmt=fmt, pow2=config.pow2_scales)
 

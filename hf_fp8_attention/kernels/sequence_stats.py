@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quantize import COMPILE_OPTIONS, dot_dtype, hadamard_operand, padded_head_dim, rotate_rows
+from .quantize import COMPILE_OPTIONS, abs_max, dot_dtype, hadamard_operand, max_nan, padded_head_dim, rotate_rows
 from .tiles import block_of_sequence, cdiv
 
 # Tokens one partials program reduces, and how many it loads at a time.
@@ -35,12 +35,8 @@ SUB_CHUNK = 32
 
 
 @triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _min_nan(a, b):
+    """Combine for ``tl.reduce``: minimum that keeps NaN (the twin of :func:`.quantize.max_nan`)."""
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
@@ -72,13 +68,13 @@ def _partials_kernel(
         s_ok = offs_s < length
         ptrs = base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
         x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        amax = _max_nan(amax, tl.reduce(tl.abs(x), 0, _max_nan))
+        amax = max_nan(amax, abs_max(x, 0))
         total += tl.sum(x, 0)
         if ROTATE:
             y = rotate_rows(x, h_ptr, BLOCK_D, DOT_DTYPE)
         else:
             y = x
-        hi = _max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, _max_nan))
+        hi = max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, max_nan))
         lo = _min_nan(lo, tl.reduce(tl.where(s_ok[:, None], y, float("inf")), 0, _min_nan))
     out = part_ptr + (slot.to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D + offs_d
     tl.store(out, hi)
@@ -113,9 +109,9 @@ def _finish_kernel(
     total = tl.zeros([BLOCK_D], tl.float32)
     for c in range(0, tl.cdiv(length, CHUNK)):
         base = part_ptr + ((slot0 + c).to(tl.int64) * N_BH + bh) * 4 * BLOCK_D + offs_d
-        hi = _max_nan(hi, tl.load(base))
+        hi = max_nan(hi, tl.load(base))
         lo = _min_nan(lo, tl.load(base + BLOCK_D))
-        amax = _max_nan(amax, tl.load(base + 2 * BLOCK_D))
+        amax = max_nan(amax, tl.load(base + 2 * BLOCK_D))
         total += tl.load(base + 3 * BLOCK_D)
     shift = tl.zeros([BLOCK_D], tl.float32)
     if SMOOTH:
@@ -126,8 +122,8 @@ def _finish_kernel(
             shift = tl.sum(mean[:, None] * hm, 0)
         else:
             shift = mean
-    ext = _max_nan(hi - shift, shift - lo)
-    row_amax = tl.where(length > 0, tl.reduce(ext, 0, _max_nan), 0.0)
+    ext = max_nan(hi - shift, shift - lo)
+    row_amax = tl.where(length > 0, tl.reduce(ext, 0, max_nan), 0.0)
     out = (seq * H + h).to(tl.int64)
     tl.store(shift_ptr + out * BLOCK_D + offs_d, shift)
     tl.store(row_amax_ptr + out, row_amax)
