@@ -23,9 +23,11 @@ def _autocast(q, k, v):
     tensors = (q, k, v)
     if all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
         device_type = q.device.type
-        # Devices without autocast (``meta`` for shape inference / meta-device model init) make
-        # ``torch.is_autocast_enabled`` raise; there is nothing to cast there.
-        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        # ``meta`` (shape inference, meta-device model init) has no autocast and makes
+        # ``torch.is_autocast_enabled`` raise; there is nothing to cast there. (Not
+        # ``torch.amp.is_autocast_available``: Dynamo in torch 2.11 cannot trace it, and fullgraph
+        # compiles of every model would break.)
+        if device_type != "meta" and torch.is_autocast_enabled(device_type):
             dtype = torch.get_autocast_dtype(device_type)
             tensors = tuple(t.to(dtype) for t in tensors)
     return tensors
