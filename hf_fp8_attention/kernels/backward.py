@@ -197,10 +197,10 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     kc, vc = copies_for("k", config, row=True, col=True), copies_for("v", config, row=True, col=False)
     (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = quantize_operands(
         (q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q,
-        stats=(stats_for(q, qc, cq, max_q), stats_for(dout, doc, cq, max_q)))
+        stats=stats_for((q, dout), (qc, doc), cq, max_q))
     (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = quantize_operands(
         (k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k,
-        stats=(stats_for(k, kc, ck, max_k), stats_for(v, vc, ck, max_k)))
+        stats=stats_for((k, v), (kc, vc), ck, max_k))
     if not varlen:  # the kernels read tile offsets only for packed sequences
         toff_q, toff_k = cu_q, cu_k
     interp = interpreting()

@@ -22,7 +22,9 @@ more than G = REF_SLACK below the running max m::
     m_new = max(m, m_T);  r_T = max(m_T, m_new − G);  γ = 2^(r_prev − r_T)
     C     = fp8(2^(s − r_T + log2 448))                   (= fp8(448·exp(s − m_T)) when r_T = m_T)
     l     = γ·l + Σ_j 2^(s_j − r_T + log2 448)
-    acc   = γ·acc + (C @ Vc) · sv_T                       (one FMA per element after the γ scaling)
+    acc   = γ·acc + (C @ Vc) · sv_T                       (one FMA per element after the γ scaling;
+                                                           sequence-wide sv: acc = C @ Vc + γ·acc in
+                                                           the MMA, sv applied to O once)
     O     = acc / l,  LSE = ln2 · (r_last + log2 l − log2 448)
 
 Where r_T = m_T (every tile within 2^G of the running max) the codes C depend only on the tile's
@@ -34,7 +36,9 @@ difference. G also bounds acc and l at 2^G times their running-max values, so th
 for |V| beyond ~1e21. Rows with no visible key give O = 0, LSE = -inf. Key tiles that no row of a
 query tile can see are never visited; tiles fully visible to every row skip the mask arithmetic.
 
-Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel (each Q tile is loaded once);
+Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel per token (each Q tile is loaded
+once), or, rotated or with per-head scales, Q's codes ``(B, Hq, Sq, DP)`` + scales ``(B, Hq, Sq)``
+from the quantization kernel;
 K codes ``(B, Hkv, Sk, DP)`` fp8 + scales ``(B, Hkv, Sk)``; Vᵀ codes ``(B, Hkv, DP, Sk_pad)`` fp8 +
 scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv head h // G.
 """
@@ -55,8 +59,8 @@ from .autotune import LaunchTuner
 from .constants import LOG2E
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, dot_dtype, fp8_cast, hadamard_operand, interpreting,
-    padded_head_dim, quantize_operands, rotate_rows, scale_from_amax, to_fp8,
+    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
+    scale_from_amax, to_fp8,
 )
 from .operands import copies_for, logit_factor, stats_for
 
@@ -147,10 +151,11 @@ def _visit_tiles(
         gamma = tl.math.exp2(r_i - r_t_ref)
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
-        pv = tl.dot(p_codes, v_codes)
         if V_SEQ:
-            acc = acc * gamma[:, None] + pv
+            # The MMA accumulates into acc itself: Triton then keeps it asynchronous across iterations.
+            acc = tl.dot(p_codes, v_codes, acc * gamma[:, None])
         else:
+            pv = tl.dot(p_codes, v_codes)
             acc = acc * gamma[:, None] + pv * tl.load(vs_base + t * BLOCK_D + offs_d)[None, :]
         m_i = m_new
         r_i = r_t
@@ -164,7 +169,7 @@ def _fwd_kernel(
     out_ptr, sob, soh, sos, sod,
     lse_ptr,
     cu_q_ptr, cu_k_ptr, tile_off_ptr,
-    h_ptr, q_row_amax_ptr,
+    q_codes_ptr, q_scales_ptr,
     HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
@@ -172,12 +177,12 @@ def _fwd_kernel(
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
-    Q_ROTATE: tl.constexpr, Q_HEAD: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    Q_CODES: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
-    1/block). Recipe options: Q_ROTATE (Q times the ±1 Hadamard matrix at ``h_ptr`` before it is
-    quantized), Q_HEAD (Q's scale per (sequence, head) from ``q_row_amax``), K_HEAD and V_SEQ
-    (see :func:`_visit_tiles`). ``k_desc`` / ``vt_desc``:
+    1/block). Q_CODES: Q comes quantized by the quantization kernel (rotated, with per-token or
+    per-(sequence, head) scales: codes ``(B, Hq, Sq, DP)``, scales ``(B, Hq, Sq)``), else the kernel
+    quantizes it per token itself. K_HEAD and V_SEQ: see :func:`_visit_tiles`. ``k_desc`` / ``vt_desc``:
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
     with TMA (the codes tensors themselves otherwise)."""
     n_m = tl.num_programs(0)
@@ -210,16 +215,16 @@ def _fwd_kernel(
     d_ok = offs_d < D
     tok_q = (q_start + offs_m).to(tl.int64)
 
-    # Q tile -> per-token FP8 codes and scales (τ·log2 e folded into the scale).
-    q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
-    q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    if Q_ROTATE:
-        q = rotate_rows(q, h_ptr, BLOCK_D, DOT_DTYPE)
-    if Q_HEAD:
-        q_scale = tl.full([BLOCK_M], 1.0, tl.float32) * scale_from_amax(tl.load(q_row_amax_ptr + b * HQ + h), Q_FMAX, POW2)
+    # Q tile -> FP8 codes and scales (τ·log2 e folded into the scale).
+    if Q_CODES:
+        q_row = (bb * HQ + h) * SQ + tok_q
+        q_codes = tl.load(q_codes_ptr + q_row[:, None] * BLOCK_D + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+        q_scale = tl.load(q_scales_ptr + q_row, mask=m_ok, other=1.0)
     else:
+        q_ptrs = q_ptr + bb * sqb + h * sqh + tok_q[:, None] * sqs + offs_d[None, :] * sqd
+        q = tl.load(q_ptrs, mask=m_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         q_scale = scale_from_amax(abs_max(q, 1), Q_FMAX, POW2)
-    q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT, True)
+        q_codes = to_fp8(q, q_scale[:, None], Q_FMAX, Q_DTYPE, Q_MANT, Q_SUB_MAGIC, Q_SUB_MIN, CVT, True)
     q_scale2 = q_scale * qk_scale
 
     # Query i sits at key position i + kv_len - q_len (causal diagonal aligned to the end).
@@ -324,16 +329,24 @@ def _sm_count(device_index: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int,
-                 tma: bool, kv_aligned: bool, dot: object) -> dict:
+                 tma: bool, kv_aligned: bool) -> dict:
     """The forward kernel's constexprs (cached: rebuilt only for a new recipe or mask kind)."""
     return dict(
         K_HEAD=config.kv_scales is Granularity.HEAD, V_SEQ=config.channel_scales is not Granularity.TILE,
-        Q_ROTATE=config.hadamard, Q_HEAD=config.qdo_scales is Granularity.HEAD, DOT_DTYPE=dot,
+        Q_CODES=_quantizes_q_first(config),
         BLOCK_N=config.block_k, BLOCK_D=padded_head_dim(d), TMA=tma, CAUSAL=causal, HAS_WINDOW=has_window,
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
         **cast_meta(config.p_format, "P"), CVT=cvt, REF_SLACK=REF_SLACK, KV_ALIGNED=kv_aligned,
     )
+
+
+def _quantizes_q_first(config: FP8AttentionConfig) -> bool:
+    """Whether Q is quantized by the quantization kernel before the attention kernel: when it is
+    rotated or takes one scale per (sequence, head). The rotation in the attention kernel held the
+    Hadamard matrix in its shared memory beside the K/V pipeline (7% of the kernel's time at 8k
+    causal: benchmarks/NOTES.md, "Recipe v2"); a per-head scale needs the sequence statistics first."""
+    return config.hadamard or config.qdo_scales is Granularity.HEAD
 
 
 # "0" turns the TMA loads of interior K/V tiles off (A/B comparisons; pointer loads everywhere).
@@ -363,7 +376,7 @@ def triton_forward(
     """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
 
     Args:
-        q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``, D in {64, 96, 128}.
+        q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``, D in ``config.SUPPORTED_HEAD_DIMS``.
         mask: causal / window / varlen (``B == 1``, int32 cu_seqlens) as in :mod:`..masking`.
         block_m: fix the query tile (skips autotuning; used under the interpreter and in tests).
     Returns:
@@ -377,16 +390,19 @@ def triton_forward(
     max_q = max_k = None
     if varlen:
         max_q, max_k = varlen_max_lengths(mask)
-    # K's row-wise copy (F1) and V's transposed channel-wise copy (F2), one launch.
     # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
-    # after the statistics launches their sequence-wide scales and K's mean need.
+    # after the statistics launches (one pair for both) their sequence-wide scales and K's mean need.
     k_copies, v_copies = copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True)
     (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
-        max_seqlen=max_k, stats=(stats_for(k, k_copies, mask.cu_seqlens_k, max_k), stats_for(v, v_copies, mask.cu_seqlens_k, max_k)),
+        max_seqlen=max_k, stats=stats_for((k, v), (k_copies, v_copies), mask.cu_seqlens_k, max_k),
     )
-    q_copies = copies_for("q", config, row=True, col=False)
-    q_stats = stats_for(q, q_copies, mask.cu_seqlens_q, max_q) if q_copies.row_head else None
+    q_codes = q_scales = q  # dummies, never read unless Q is quantized first
+    if _quantizes_q_first(config):
+        q_copies = copies_for("q", config, row=True, col=False)
+        (q_codes, q_scales, _, _, _), = quantize_operands(
+            (q,), (q_copies,), block=config.block_q, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_q,
+            max_seqlen=max_q, stats=stats_for((q,), (q_copies,), mask.cu_seqlens_q, max_q))
     if varlen:
         out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
@@ -412,13 +428,12 @@ def triton_forward(
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
     args = (
         q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
-        cu_q, cu_k, tile_off, hadamard_operand(d, q.device) if config.hadamard else q,
-        q if q_stats is None else q_stats.row_amax,
+        cu_q, cu_k, tile_off, q_codes, q_scales,
         hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
         float(scale) * LOG2E * logit_factor(config, d), window,
     )
     meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
-                        not varlen and sk % config.block_k == 0, dot_dtype(q))
+                        not varlen and sk % config.block_k == 0)
     if max(rows, 0) == 0:
         return out, lse
 
@@ -434,7 +449,7 @@ def triton_forward(
     else:
         pinned = _pinned_launch()
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
-               meta["K_HEAD"], meta["V_SEQ"], meta["Q_ROTATE"], meta["Q_HEAD"],
+               meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"],
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch))

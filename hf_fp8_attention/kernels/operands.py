@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..config import FP8AttentionConfig, Granularity, PScaling
 from ..transforms import hadamard_block
 from .quantize import Copies
-from .sequence_stats import SequenceStats, sequence_stats
+from .sequence_stats import SequenceStats, StatsNeed, sequence_stats
 
 COL_MODES = {Granularity.TILE: 0, Granularity.CHANNEL: 1, Granularity.HEAD: 2}
 
@@ -34,13 +34,28 @@ def copies_for(role: str, config: FP8AttentionConfig, *, row: bool, col: bool) -
     )
 
 
-def stats_for(x, copies: Copies, cu_seqlens=None, max_seqlen: int | None = None) -> SequenceStats | None:
-    """The operand's :class:`SequenceStats` when ``copies`` needs them (else None); ``cu_seqlens``
-    (int32) and ``max_seqlen`` of the token axis ``x`` lies on, for a packed batch."""
+def stats_need(copies: Copies) -> StatsNeed:
+    """The sequence statistics ``copies`` need (all off where it needs none)."""
     if not copies.needs_stats:
-        return None
-    return sequence_stats(x, rotate=copies.rotate, smooth=copies.shift, row_amax=copies.row and copies.row_head,
-                          cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return StatsNeed()
+    return StatsNeed(rotate=copies.row and copies.rotate, smooth=copies.row and copies.shift,
+                     row_amax=copies.row and copies.row_head, col_amax=copies.col and copies.col_mode != 0)
+
+
+def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None,
+              max_seqlen: int | None = None) -> tuple[SequenceStats | None, ...]:
+    """Per operand of ``xs`` (one or two tensors of one shape, as :func:`.quantize.quantize_operands`
+    takes them) its :class:`SequenceStats` when its ``copies`` need them, else None; the operands
+    that need them share one pair of launches. ``cu_seqlens`` (int32) and ``max_seqlen``: the token
+    axis of a packed batch."""
+    needed = [i for i, c in enumerate(copies) if c.needs_stats]
+    out: list[SequenceStats | None] = [None] * len(xs)
+    if needed:
+        stats = sequence_stats(tuple(xs[i] for i in needed), tuple(stats_need(copies[i]) for i in needed),
+                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        for i, st in zip(needed, stats):
+            out[i] = st
+    return tuple(out)
 
 
 def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:

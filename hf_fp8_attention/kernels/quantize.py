@@ -45,6 +45,11 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # row-wise copy, channels for the channel-wise one: see quantize_kernel) and its warps.
 # A module-level table so that benchmarks can try others (benchmarks/quantize_bench.py --sweep).
 QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
+# A launch with a rotated copy: each row chunk is one (chunk, DP) x (DP, DP) tensor-core dot with the
+# Hadamard matrix, loaded once per program. 64-token chunks on 8 warps ran within 4-13% of the plain
+# copy on the H200, and the channel-wise copy beside it (V in the forward) wants 64-channel groups
+# on those 8 warps (benchmarks/rotation_bench.py, benchmarks/NOTES.md "Recipe v2").
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8}
 
 
 @triton.jit
@@ -202,17 +207,25 @@ def cast_meta(fmt: FP8Format, prefix: str) -> dict:
 
 
 @triton.jit
-def rotate_rows(x, h_ptr, BLOCK_D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix at ``h_ptr`` (BLOCK_D, BLOCK_D), in fp32.
+def load_hadamard(h_ptr, BLOCK_D: tl.constexpr):
+    """The ±1 Hadamard matrix ``(BLOCK_D, BLOCK_D)`` at ``h_ptr``, in the dtype it is stored in (that
+    of the rotation's dot, :func:`dot_dtype`). Load it once per program, outside any loop: reloaded
+    per 32-row chunk as fp32 (64 KB each time) it made the rotated quantization 5.7x slower than the
+    plain one (benchmarks/NOTES.md, "Recipe v2")."""
+    offs = tl.arange(0, BLOCK_D)
+    return tl.load(h_ptr + offs[:, None] * BLOCK_D + offs[None, :])
+
+
+@triton.jit
+def rotate_rows(x, h, DOT_DTYPE: tl.constexpr):
+    """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix ``h`` (from :func:`load_hadamard`), in fp32.
 
     The products are exact; DOT_DTYPE is the inputs' own 16-bit type (which holds them exactly), or
     fp32 (a full-precision dot: fp32 inputs, and the interpreter)."""
-    offs = tl.arange(0, BLOCK_D)
-    h = tl.load(h_ptr + offs[:, None] * BLOCK_D + offs[None, :])
     if DOT_DTYPE == tl.float32:
         y = tl.dot(x, h, input_precision="ieee", out_dtype=tl.float32)
     else:
-        y = tl.dot(x.to(DOT_DTYPE), h.to(DOT_DTYPE), out_dtype=tl.float32)
+        y = tl.dot(x.to(DOT_DTYPE), h, out_dtype=tl.float32)
     return y
 
 
@@ -247,6 +260,8 @@ def _quantize_tile(
     if ROW:
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
+        if ROTATE:
+            hm = load_hadamard(h_ptr, BLOCK_D)
         for c in range(0, BLOCK_S, ROW_CHUNK):
             offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
             tok = start + offs_s  # position on the (packed) token axis
@@ -254,7 +269,7 @@ def _quantize_tile(
             x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
             x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
             if ROTATE:
-                x = rotate_rows(x, h_ptr, BLOCK_D, DOT_DTYPE)
+                x = rotate_rows(x, hm, DOT_DTYPE)
             if SHIFT:
                 x = x - tl.load(shift_ptr + sh * BLOCK_D + offs_d)[None, :]
             if ROW_HEAD:
@@ -342,13 +357,24 @@ def quantize_kernel(
 
 
 @functools.lru_cache(maxsize=16)
-def hadamard_operand(head_dim: int, device: torch.device) -> torch.Tensor:
+def hadamard_operand(head_dim: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ±1 Hadamard matrix of ``head_dim`` (:mod:`hf_fp8_attention.transforms`) zero-padded to
-    ``(DP, DP)`` fp32, contiguous: the B operand of :func:`rotate_rows`."""
+    ``(DP, DP)``, contiguous, in ``dtype`` (exact in any float type): the B operand of
+    :func:`rotate_rows`, stored in the dtype of its dot (:func:`torch_dot_dtype`)."""
     dp = padded_head_dim(head_dim)
     h = torch.zeros(dp, dp, dtype=torch.float32, device=device)
     h[:head_dim, :head_dim] = hadamard_matrix(head_dim, device=device)
-    return h
+    return h.to(dtype)
+
+
+def rotation_operand(x: torch.Tensor) -> torch.Tensor:
+    """The Hadamard matrix for rotating rows of ``x (..., D)``: in the dtype of the rotation's dot."""
+    return hadamard_operand(x.shape[-1], x.device, torch_dot_dtype(x))
+
+
+def torch_dot_dtype(x: torch.Tensor) -> torch.dtype:
+    """:func:`dot_dtype` as a torch dtype."""
+    return {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}[dot_dtype(x)]
 
 
 def dot_dtype(x: torch.Tensor):
@@ -359,7 +385,7 @@ def dot_dtype(x: torch.Tensor):
 
 
 def padded_head_dim(d: int) -> int:
-    """The head dim the kernels compute with (a power of two: 64 -> 64, 96 -> 128, 128 -> 128)."""
+    """The head dim the kernels compute with (a power of two: 64 -> 64, 80 and 96 -> 128, 128 -> 128)."""
     return next_pow2(d)
 
 
@@ -433,6 +459,16 @@ def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots:
     return row_codes, row_scales, col_codes, col_scales
 
 
+def check_operand_pair(fn: str, xs: tuple, options: tuple, option_name: str) -> None:
+    """The launches that take two operands (grid axis 2) take one or two tensors of one shape, with
+    one ``option_name`` each; raise a ValueError naming ``fn`` otherwise."""
+    if len(xs) not in (1, 2) or len(options) != len(xs):
+        raise ValueError(f"{fn}: one or two tensors, one {option_name} each; got {len(xs)} and {len(options)}")
+    if len(xs) == 2 and xs[0].shape != xs[1].shape:
+        raise ValueError(f"{fn}: tensors of one launch must share a shape, got "
+                         f"{tuple(xs[0].shape)} and {tuple(xs[1].shape)}")
+
+
 def quantize_operands(
     xs: tuple[torch.Tensor, ...],
     copies: tuple[Copies, ...],
@@ -466,11 +502,7 @@ def quantize_operands(
         with ``DP = padded_head_dim(D)``, ``S_pad`` = S rounded up to 16 (pad columns are zero),
         ``NT`` tile slots (see :func:`tile_slots`); padded channels hold zero codes and scale 1.
     """
-    if len(xs) not in (1, 2) or len(copies) != len(xs):
-        raise ValueError(f"quantize_operands: one or two tensors, one Copies each; got {len(xs)} and {len(copies)}")
-    if len(xs) == 2 and xs[0].shape != xs[1].shape:
-        raise ValueError(f"quantize_operands: tensors of one launch must share a shape, got "
-                         f"{tuple(xs[0].shape)} and {tuple(xs[1].shape)}")
+    check_operand_pair("quantize_operands", xs, copies, "Copies")
     x = xs[0]
     bsz, heads, seq, d = x.shape
     dp = padded_head_dim(d)
@@ -486,8 +518,10 @@ def quantize_operands(
     else:
         grid = (cdiv(max(seq, 1), block), bsz * heads, len(xs))
         cu = None
-    row_chunk = min(row_chunk or QUANT_LAUNCH["row_chunk"], block)
-    col_group = min(col_group or QUANT_LAUNCH["col_group"], dp)
+    rotated = any(c.row and c.rotate for c in copies)
+    launch = ROTATED_LAUNCH if rotated else QUANT_LAUNCH
+    row_chunk = min(row_chunk or launch["row_chunk"], block)
+    col_group = min(col_group or launch["col_group"], dp)
     for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"quantize_operands: {name} must be a power of two, got {value}")
@@ -503,15 +537,14 @@ def quantize_operands(
         stat_args.append((dummy, dummy, dummy) if st is None else tuple(st))
     if len(xs) == 1:
         stat_args.append(stat_args[0])
-    rotated = any(c.row and c.rotate for c in copies)
-    h = hadamard_operand(d, x.device) if rotated else dummy
+    h = rotation_operand(x) if rotated else dummy
     quantize_kernel[grid](
         *operand_args[0], *operand_args[1], *stat_args[0], *stat_args[1], h,
         cu if varlen else dummy, tile_off if varlen else dummy,
         heads, seq, d, s_pad, n_slots,
         BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
         CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
-        DOT_DTYPE=dot_dtype(x), num_warps=QUANT_LAUNCH["num_warps"], **COMPILE_OPTIONS,
+        DOT_DTYPE=dot_dtype(x), num_warps=launch["num_warps"], **COMPILE_OPTIONS,
     )
     return [(*out, tile_off) for out in outs]
 

@@ -1,8 +1,8 @@
-"""Per-(sequence, head) statistics of an attention operand, for the recipe's sequence-wide scales
-and the QKᵀ transforms (docs/design.md, "Recipes").
+"""Per-(sequence, head) statistics of one or two attention operands, for the recipe's
+sequence-wide scales and the QKᵀ transforms (docs/design.md, "Recipes").
 
 For ``x (B, H, S, D)`` (varlen: ``B == 1`` and cu_seqlens delimit the sequences) two launches give,
-per (sequence, head):
+per (sequence, head), what :class:`StatsNeed` asks for:
 
 - ``col_amax (n_seq, H, DP)``: max over the sequence's tokens of |x| per channel (the channel-wise
   scales of the token contractions, granularity ``channel``; its max over channels for ``head``);
@@ -15,8 +15,11 @@ per (sequence, head):
 
 Launch 1 (:func:`_partials_kernel`) reduces chunks of ``CHUNK`` tokens to four vectors (max and min of
 the rotated rows, amax and sum of the raw rows); launch 2 (:func:`_finish_kernel`) folds each
-sequence's chunks in order. No atomics: the statistics, and so the codes, are the same on every
-call (the backward re-quantizes Q and K exactly as the forward did).
+sequence's chunks in order. Two operands of one shape share both launches (grid axis 2), as in the
+quantization kernel. No atomics: the statistics, and so the codes, are the same on every call (the
+backward re-quantizes Q and K exactly as the forward did). Statistics nobody asked for are not
+computed (their vectors hold the reduction's identity, and the outputs built from them are
+meaningless).
 """
 from __future__ import annotations
 
@@ -26,12 +29,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .quantize import COMPILE_OPTIONS, abs_max, dot_dtype, hadamard_operand, max_nan, padded_head_dim, rotate_rows
+from .quantize import (
+    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, padded_head_dim, rotate_rows,
+    rotation_operand,
+)
 from .tiles import block_of_sequence, cdiv
 
-# Tokens one partials program reduces, and how many it loads at a time.
+# Tokens one partials program reduces, and how many it loads at a time (whole 128-token dots
+# with the Hadamard matrix when it rotates).
 CHUNK = 256
 SUB_CHUNK = 32
+# A launch that rotates rows: tokens per dot with the Hadamard matrix, and warps.
+ROTATED_PARTIALS = {"sub": 32, "num_warps": 2}
 
 
 @triton.jit
@@ -41,59 +50,115 @@ def _min_nan(a, b):
 
 
 @triton.jit
+def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
+                   CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
+                   EXT: tl.constexpr, SHIFTED: tl.constexpr, SUM: tl.constexpr, AMAX: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr):
+    """One chunk of one operand's (sequence, head) into ``out`` (4, BLOCK_D): ``hi``, ``lo``, the
+    amax (AMAX) and the sum (SUM) of the raw rows. EXT (the row amax is wanted) of y = xH (ROTATE)
+    or x: SHIFTED (a shift will be subtracted), hi / lo = max / min of y; else hi = max |y| and
+    lo = −hi, which :func:`_finish_write` turns into the same row amax from one accumulator.
+
+    Without rotation the loop keeps element-wise (SUB, BLOCK_D) accumulators and reduces over
+    tokens once at the end: a reduction across warps per 32-token slice made the launch 4x slower
+    than the quantization kernel's read of the same tensor (benchmarks/NOTES.md, "Recipe v2").
+    With rotation each slice's dot output sits in the MMA layout and is reduced at once."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    if ROTATE:
+        hm = load_hadamard(h_ptr, BLOCK_D)
+        hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
+        lo = tl.full([BLOCK_D], float("inf"), tl.float32)
+        amax = tl.zeros([BLOCK_D], tl.float32)
+        total = tl.zeros([BLOCK_D], tl.float32)
+    else:
+        hi = tl.full([SUB, BLOCK_D], float("-inf"), tl.float32)
+        lo = tl.full([SUB, BLOCK_D], float("inf"), tl.float32)
+        amax = tl.zeros([SUB, BLOCK_D], tl.float32)
+        total = tl.zeros([SUB, BLOCK_D], tl.float32)
+    for c in range(0, CHUNK, SUB):
+        offs_s = chunk * CHUNK + c + tl.arange(0, SUB)
+        s_ok = offs_s < length
+        ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
+        x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        if ROTATE:
+            if AMAX:
+                amax = max_nan(amax, abs_max(x, 0))
+            if SUM:
+                total += tl.sum(x, 0)
+            if EXT:
+                y = rotate_rows(x, hm, DOT_DTYPE)
+                if SHIFTED:
+                    hi = max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, max_nan))
+                    lo = _min_nan(lo, tl.reduce(tl.where(s_ok[:, None], y, float("inf")), 0, _min_nan))
+                else:  # rows past the sequence are zeros: they never raise an amax
+                    hi = max_nan(hi, abs_max(y, 0))
+        else:
+            if AMAX or EXT:
+                amax = max_nan(amax, tl.abs(x))
+            if SUM:
+                total += x
+            if EXT and SHIFTED:  # hi and lo of y
+                hi = max_nan(hi, tl.where(s_ok[:, None], x, float("-inf")))
+                lo = _min_nan(lo, tl.where(s_ok[:, None], x, float("inf")))
+    if not ROTATE:
+        amax = tl.reduce(amax, 0, max_nan)
+        total = tl.sum(total, 0)
+        if EXT and SHIFTED:
+            hi = tl.reduce(hi, 0, max_nan)
+            lo = tl.reduce(lo, 0, _min_nan)
+        else:
+            hi = amax
+    if not (EXT and SHIFTED):
+        lo = -hi
+    tl.store(out + offs_d, hi)
+    tl.store(out + BLOCK_D + offs_d, lo)
+    tl.store(out + 2 * BLOCK_D + offs_d, amax)
+    tl.store(out + 3 * BLOCK_D + offs_d, total)
+
+
+@triton.jit
 def _partials_kernel(
-    x_ptr, sxb, sxh, sxs, sxd, h_ptr, part_ptr,  # part: (n_slots, B·H, 4, BLOCK_D) fp32
-    cu_ptr, chunk_off_ptr, H, S, D, N_BH,
-    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr,
+    part_ptr,  # (2, n_slots, B·H, 4, BLOCK_D) fp32
+    cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
+    Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
 ):
-    """One program per (chunk of CHUNK tokens of one sequence, batch·head): the chunk's max and min of
-    the (rotated) rows and amax and sum of the raw rows, per channel."""
+    # (SUM is also "a shift will be subtracted": the shift is the mean, see _finish_write.)
+    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y)."""
     chunk = tl.program_id(0)
     bh = tl.program_id(1)
+    op = tl.program_id(2)
     b = bh // H
     h = bh % H
     start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
     if chunk * CHUNK >= length:
         return
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    base = x_ptr + bb.to(tl.int64) * sxb + h * sxh
-    hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
-    lo = tl.full([BLOCK_D], float("inf"), tl.float32)
-    amax = tl.zeros([BLOCK_D], tl.float32)
-    total = tl.zeros([BLOCK_D], tl.float32)
-    for c in range(0, CHUNK, SUB):
-        offs_s = chunk * CHUNK + c + tl.arange(0, SUB)
-        s_ok = offs_s < length
-        ptrs = base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
-        x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        amax = max_nan(amax, abs_max(x, 0))
-        total += tl.sum(x, 0)
-        if ROTATE:
-            y = rotate_rows(x, h_ptr, BLOCK_D, DOT_DTYPE)
-        else:
-            y = x
-        hi = max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, max_nan))
-        lo = _min_nan(lo, tl.reduce(tl.where(s_ok[:, None], y, float("inf")), 0, _min_nan))
-    out = part_ptr + (slot.to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D + offs_d
-    tl.store(out, hi)
-    tl.store(out + BLOCK_D, lo)
-    tl.store(out + 2 * BLOCK_D, amax)
-    tl.store(out + 3 * BLOCK_D, total)
+    bb = bb.to(tl.int64)
+    out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D
+    if op == 0:
+        _partials_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D,
+                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE)
+    else:
+        _partials_tile(y_ptr + bb * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D,
+                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE)
 
 
 @triton.jit
 def _finish_kernel(
-    part_ptr, h_ptr, shift_ptr, row_amax_ptr, col_amax_ptr,
-    cu_ptr, chunk_off_ptr, H, S, N_BH,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr, SMOOTH: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    part_ptr, h_ptr, x_out_ptr, y_out_ptr,  # out: shift (N_SH, BLOCK_D), col_amax (N_SH, BLOCK_D), row_amax (N_SH,)
+    cu_ptr, chunk_off_ptr, H, S, N_BH, N_SLOTS, N_SH,
+    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr, Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr,
 ):
-    """One program per (sequence, head): fold the sequence's chunks in order and write its
+    """One program per (sequence, head, operand): fold the sequence's chunks in order and write its
     statistics (module docstring). An empty sequence gets zeros."""
     seq = tl.program_id(0)
     h = tl.program_id(1)
+    op = tl.program_id(2)
     if IS_VARLEN:
         length = tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)
         slot0 = tl.load(chunk_off_ptr + seq)
@@ -108,26 +173,48 @@ def _finish_kernel(
     amax = tl.zeros([BLOCK_D], tl.float32)
     total = tl.zeros([BLOCK_D], tl.float32)
     for c in range(0, tl.cdiv(length, CHUNK)):
-        base = part_ptr + ((slot0 + c).to(tl.int64) * N_BH + bh) * 4 * BLOCK_D + offs_d
+        base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
         hi = max_nan(hi, tl.load(base))
         lo = _min_nan(lo, tl.load(base + BLOCK_D))
         amax = max_nan(amax, tl.load(base + 2 * BLOCK_D))
         total += tl.load(base + 3 * BLOCK_D)
+    sh = (seq * H + h).to(tl.int64)
+    if op == 0:
+        _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, N_SH, BLOCK_D, X_ROTATE, X_SMOOTH)
+    else:
+        _finish_write(hi, lo, amax, total, length, h_ptr, y_out_ptr, sh, N_SH, BLOCK_D, Y_ROTATE, Y_SMOOTH)
+
+
+@triton.jit
+def _finish_write(hi, lo, amax, total, length, h_ptr, out, sh, N_SH, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
+                  SMOOTH: tl.constexpr):
+    """One operand's shift, col_amax and row_amax of (sequence, head) ``sh`` from its folded vectors."""
+    offs_d = tl.arange(0, BLOCK_D)
     shift = tl.zeros([BLOCK_D], tl.float32)
     if SMOOTH:
         mean = total / tl.maximum(length, 1).to(tl.float32)
         if ROTATE:
             # μH as a broadcast sum: one (BLOCK_D,) vector times the matrix, fp32 throughout.
-            hm = tl.load(h_ptr + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+            hm = tl.load(h_ptr + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
             shift = tl.sum(mean[:, None] * hm, 0)
         else:
             shift = mean
     ext = max_nan(hi - shift, shift - lo)
     row_amax = tl.where(length > 0, tl.reduce(ext, 0, max_nan), 0.0)
-    out = (seq * H + h).to(tl.int64)
-    tl.store(shift_ptr + out * BLOCK_D + offs_d, shift)
-    tl.store(row_amax_ptr + out, row_amax)
-    tl.store(col_amax_ptr + out * BLOCK_D + offs_d, amax)
+    tl.store(out + sh * BLOCK_D + offs_d, shift)
+    tl.store(out + (N_SH + sh) * BLOCK_D + offs_d, amax)
+    tl.store(out + 2 * N_SH * BLOCK_D + sh, row_amax)
+
+
+class StatsNeed(NamedTuple):
+    """Which statistics of one operand a recipe needs: ``rotate`` / ``smooth``, the row-wise copy's
+    transforms; ``row_amax`` (per-(sequence, head) row scale) and ``col_amax`` (sequence-wide
+    channel scales)."""
+
+    rotate: bool = False
+    smooth: bool = False
+    row_amax: bool = False
+    col_amax: bool = False
 
 
 class SequenceStats(NamedTuple):
@@ -139,19 +226,18 @@ class SequenceStats(NamedTuple):
 
 
 def sequence_stats(
-    x: torch.Tensor,
+    xs: tuple[torch.Tensor, ...],
+    needs: tuple[StatsNeed, ...],
     *,
-    rotate: bool,
-    smooth: bool,
-    row_amax: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
-) -> SequenceStats:
-    """:class:`SequenceStats` of ``x (B, H, S, D)`` (any strides; varlen: ``B == 1`` and int32
-    ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest sequence). ``rotate`` / ``smooth``:
-    the row-wise copy's transforms. ``row_amax=False`` skips the rotation of every row in the first
-    launch when only the shift and the channel amax are wanted (the returned ``row_amax`` is then
-    meaningless)."""
+) -> tuple[SequenceStats, ...]:
+    """:class:`SequenceStats` of one or two tensors ``(B, H, S, D)`` of one shape (any strides;
+    varlen: ``B == 1`` and int32 ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest
+    sequence), one :class:`StatsNeed` each, in two launches for both. Fields not asked for hold
+    meaningless values."""
+    check_operand_pair("sequence_stats", xs, needs, "StatsNeed")
+    x = xs[0]
     bsz, heads, seq, d = x.shape
     dp = padded_head_dim(d)
     varlen = cu_seqlens is not None
@@ -165,23 +251,34 @@ def sequence_stats(
         max_len = int(max_seqlen) if max_seqlen is not None else int(lens.max()) if n_seq else 0
     else:
         n_seq, chunk_off, n_slots, max_len = bsz, x, cdiv(max(seq, 1), CHUNK), seq
-    h = hadamard_operand(d, dev) if rotate else x
-    part = torch.empty(max(n_slots, 1), bsz * heads, 4, dp, dtype=torch.float32, device=dev)
-    shift = torch.empty(n_seq, heads, dp, dtype=torch.float32, device=dev)
-    row_max = torch.empty(n_seq, heads, dtype=torch.float32, device=dev)
-    col_amax = torch.empty(n_seq, heads, dp, dtype=torch.float32, device=dev)
+    n_slots = max(n_slots, 1)
+    rotated_rows = any(n.rotate and n.row_amax for n in needs)  # the first launch rotates rows
+    h = rotation_operand(x) if any(n.rotate for n in needs) else x
+    part = torch.empty(len(xs), n_slots, bsz * heads, 4, dp, dtype=torch.float32, device=dev)
+    n_sh = n_seq * heads
+    # One buffer per operand: shift, col_amax, row_amax back to back (contiguous views).
+    outs = [torch.empty(n_sh * (2 * dp + 1), dtype=torch.float32, device=dev) for _ in xs]
+    results = tuple(SequenceStats(o[:n_sh * dp].view(n_seq, heads, dp), o[2 * n_sh * dp:].view(n_seq, heads),
+                                  o[n_sh * dp:2 * n_sh * dp].view(n_seq, heads, dp)) for o in outs)
     if n_seq == 0:
-        return SequenceStats(shift, row_max, col_amax)
+        return results
     cu = cu_seqlens if varlen else x
+    y = xs[-1]
+    ny = needs[-1] if len(xs) == 2 else StatsNeed()
+    flags = {}
+    for prefix, n in (("X", needs[0]), ("Y", ny)):
+        ext = n.row_amax
+        flags.update({f"{prefix}_ROTATE": n.rotate and ext, f"{prefix}_EXT": ext, f"{prefix}_SUM": n.smooth,
+                      f"{prefix}_AMAX": n.col_amax})
     if max_len > 0:
-        _partials_kernel[(cdiv(max_len, CHUNK), n_seq * heads)](
-            x, *x.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads,
-            CHUNK=CHUNK, SUB=SUB_CHUNK, BLOCK_D=dp, ROTATE=rotate and row_amax, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x),
-            num_warps=4, **COMPILE_OPTIONS,
+        _partials_kernel[(cdiv(max_len, CHUNK), n_seq * heads, len(xs))](
+            x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
+            CHUNK=CHUNK, SUB=ROTATED_PARTIALS["sub"] if rotated_rows else SUB_CHUNK, BLOCK_D=dp, IS_VARLEN=varlen,
+            DOT_DTYPE=dot_dtype(x), **flags, num_warps=ROTATED_PARTIALS["num_warps"] if rotated_rows else 4, **COMPILE_OPTIONS,
         )
-    _finish_kernel[(n_seq, heads)](
-        part, h, shift, row_max, col_amax, cu, chunk_off, heads, seq, bsz * heads,
-        CHUNK=CHUNK, BLOCK_D=dp, ROTATE=rotate, SMOOTH=smooth, IS_VARLEN=varlen, num_warps=4, **COMPILE_OPTIONS,
+    _finish_kernel[(n_seq, heads, len(xs))](
+        part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
+        CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
+        Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, num_warps=4, **COMPILE_OPTIONS,
     )
-    return SequenceStats(shift, row_max, col_amax)
+    return results
