@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Head dims the kernels and the emulation support (the kernels pad each to a power of two).
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
+# Head dims the kernels and the emulation support (the kernels pad each to a power of two: 80 and
+# 96 run as 128 with zero channels, as Phi-2-class models' 80 does).
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)
 
 
 class FP8Format(str, enum.Enum):

@@ -75,6 +75,7 @@ CASES = {
     "causal_gqa_qshort_odd": ((1, 2, 1, 17, 36, 64), {"causal": True}, {}),
     "window_noncausal_d96_batch2": ((2, 1, 1, 19, 19, 96), {"window": 5}, {}),
     "causal_window_d128": ((1, 1, 1, 24, 24, 128), {"causal": True, "window": 7}, {}),
+    "causal_gqa_d80": ((1, 2, 1, 21, 21, 80), {"causal": True}, {}),
     "varlen_causal": ((1, 2, 1, 40, 40, 64), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])}, {}),
     "stale_causal": ((1, 2, 1, 20, 20, 64), {"causal": True}, {"delta": "stale"}),
     "pow2_e5m2": ((1, 2, 1, 20, 24, 64), {"causal": True}, {"pow2_scales": True, "do_format": "e5m2", "ds_format": "e5m2"}),

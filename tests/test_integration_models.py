@@ -30,6 +30,7 @@ from transformers import (
     DataCollatorWithFlattening,
     LlamaConfig,
     MistralConfig,
+    PhiConfig,
     Qwen2Config,
     Qwen3Config,
 )
@@ -500,9 +501,25 @@ def test_custom_mask_functions_are_rejected():
 
 
 def test_unsupported_head_dim_is_rejected():
-    model = tiny_model("llama", head_dim=80, hidden_size=160)
-    with pytest.raises(ValueError, match="head_dim 80"):
+    model = tiny_model("llama", head_dim=48, hidden_size=96)
+    with pytest.raises(ValueError, match="head_dim 48"):
         model(tokens(1, 8))
+
+
+def test_head_dim_80_phi_close_to_sdpa():
+    """Phi-2-class models: head_dim 80 (hidden 160 over 2 heads), partial rotary embeddings."""
+    config = PhiConfig(hidden_size=160, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2,
+                       intermediate_size=256, vocab_size=VOCAB, pad_token_id=0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    x = tokens(2, 40)
+    exact_logits, exact_grads = logits_and_grads(same_weights(model, "sdpa", torch.float64), x)
+    logits, grads = logits_and_grads(same_weights(model, "fp8_delta"), x)
+    names = sorted(exact_grads)
+    assert set(grads) == set(exact_grads)
+    assert rel(logits, exact_logits) < FP8_LOGITS_BUDGET
+    assert rel(torch.cat([grads[n].flatten() for n in names]),
+               torch.cat([exact_grads[n].flatten() for n in names])) < FP8_GRAD_BUDGET
 
 
 def test_output_attentions_warns_once_and_returns_no_weights():

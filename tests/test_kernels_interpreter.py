@@ -37,6 +37,7 @@ FORWARD_CASES = {
     "full_kv_aligned": (1, 2, 1, 20, 48, 64, False, None, None, "float32", False, 16, 16),
     "causal_end_aligned": (1, 2, 1, 20, 37, 64, True, None, None, "float32", False, 16, 16),
     "causal_gqa4_d96": (2, 4, 1, 33, 33, 96, True, None, None, "float32", False, 16, 32),
+    "causal_gqa2_d80": (1, 2, 1, 37, 37, 80, True, None, None, "float32", False, 16, 16),
     "window_causal_skips_tiles": (1, 2, 2, 70, 70, 64, True, 9, None, "float32", False, 16, 16),
     "window_noncausal": (1, 2, 2, 37, 50, 64, False, 8, None, "float32", False, 16, 16),
     # Sk a multiple of block_k: the masked tiles (diagonal, window edges) load like interior ones.

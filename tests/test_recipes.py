@@ -77,7 +77,7 @@ TRANSFORMS = {
 }
 
 
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [64, 80, 96, 128])
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_transforms_are_exact_without_quantization(no_quantization, transform, d):
     """With quantization off, K-smoothing and the rotation leave outputs and gradients equal to

@@ -75,6 +75,7 @@ SHAPES = {
     "dense_d64": ((2, 4, 2, 300, 300, 64), {}),
     "causal_d128_1000": ((1, 4, 1, 1000, 1000, 128), {"causal": True}),
     "causal_d96_odd17": ((2, 2, 2, 17, 17, 96), {"causal": True}),
+    "causal_d80_gqa": ((1, 4, 2, 333, 333, 80), {"causal": True}),
     "causal_qshort": ((1, 4, 2, 129, 700, 128), {"causal": True}),
     "single_query": ((1, 4, 2, 1, 300, 64), {"causal": True}),
     "window_causal": ((1, 2, 1, 700, 700, 128), {"causal": True, "window": 200}),

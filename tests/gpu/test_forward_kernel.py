@@ -103,6 +103,7 @@ CASES = [
     (1, 4, 4, 1000, 1000, 64, True, None),
     (1, 2, 1, 4097, 4097, 128, True, None),
     (1, 2, 2, 4097, 4097, 96, False, None),
+    (1, 4, 2, 1000, 1000, 80, True, None),
     (1, 4, 2, 300, 1000, 128, True, None),  # diagonal aligned to the end
     (1, 4, 2, 1, 4097, 64, True, None),  # decode
     (2, 4, 2, 777, 777, 128, True, 200),
