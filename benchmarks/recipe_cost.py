@@ -2,6 +2,10 @@
 changed at a time (transforms off, per-tile channel scales, ...), at one shape, in one run.
 
     python benchmarks/recipe_cost.py --seq 8192 --batch 2 --causal 1
+    python benchmarks/recipe_cost.py --kernels fp8_delta,fast   # where each variant's time goes
+
+``--kernels``: for the named variants, the GPU time of every kernel of one forward and of one
+forward+backward (torch.profiler, mean over 10 calls after warm-up), SDPA's cuDNN backend beside.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from pathlib import Path
 
 import torch
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, fp8_attention  # noqa: E402
@@ -27,6 +33,31 @@ VARIANTS = {
 }
 
 
+def kernel_times(fn, calls: int = 10) -> list[tuple[str, float, float]]:
+    """(kernel name, us per call, launches per call) of ``fn``'s CUDA kernels, longest first."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if e.count and us > 0 and getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            rows.append((e.key, us / calls, e.count / calls))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def print_kernels(label: str, fn) -> None:
+    rows = kernel_times(fn)
+    total = sum(r[1] for r in rows)
+    print(f"\n{label}: {total:8.1f} us of kernels, {sum(r[2] for r in rows):.0f} launches per call")
+    for name, us, n in rows:
+        print(f"  {us:8.1f} us  x{n:<4.0f} {100 * us / total:5.1f}%  {name[:110]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seq", type=int, default=8192)
@@ -34,10 +65,14 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--causal", type=int, default=1)
+    p.add_argument("--kernels", default="", help="comma-separated variants: per-kernel GPU time instead")
     a = p.parse_args()
     shape = (a.batch, a.heads, a.seq, a.dim)
     q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     print(f"B={a.batch} H={a.heads} S={a.seq} D={a.dim} causal={bool(a.causal)}  (ms, median of do_bench)")
+    if a.kernels:
+        profile_kernels(a, q, k, v, do)
+        return
     for name, change in VARIANTS.items():
         cfg = RECIPES["fp8_delta"].replace(**change)
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -49,6 +84,27 @@ def main() -> None:
 
         both = triton.testing.do_bench(step, warmup=25, rep=100)
         print(f"{name:<30} fwd {fwd:7.3f}  fwd+bwd {both:7.3f}", flush=True)
+
+
+def profile_kernels(a, q, k, v, do) -> None:
+    causal = bool(a.causal)
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+    def sdpa_step():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            torch.autograd.grad(out, (qg, kg, vg), do)
+
+    print_kernels("sdpa_cudnn fwd+bwd", sdpa_step)
+    for name in a.kernels.split(","):
+        cfg = RECIPES["fp8_delta"].replace(**VARIANTS[name])
+
+        def step(cfg=cfg):
+            out = fp8_attention(qg, kg, vg, causal=causal, config=cfg)
+            torch.autograd.grad(out, (qg, kg, vg), do)
+
+        print_kernels(f"{name} fwd", lambda cfg=cfg: fp8_attention(q, k, v, causal=causal, config=cfg))
+        print_kernels(f"{name} fwd+bwd", step)
 
 
 if __name__ == "__main__":
