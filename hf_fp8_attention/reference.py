@@ -13,6 +13,7 @@ of a kv head are folded into the query axis, so k and v are never repeated in me
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -71,12 +72,40 @@ def _probabilities(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return torch.where(logits == float("-inf"), 0.0, torch.exp(logits - lse[..., None]))
 
 
-def _forward_p(logits: torch.Tensor, lse: torch.Tensor, config: FP8AttentionConfig) -> torch.Tensor:
+class RowNormaliser(NamedTuple):
+    """Per query row of fp32 logits ``(..., Sk)``: ``m`` the max (0 on rows with no key), ``l`` =
+    Σ_j exp(s_j − m) (0 on rows with no key) and ``lse`` = m + log l (-inf there).
+
+    The forward normalises its rows by l, as the kernel's O = acc / l does, rather than through
+    exp(m_tile − lse): at logits beyond ~1e7 fp32 cannot hold lse = m + log l apart from m, and rows
+    normalised through it summed to up to their number of keys (fp16 inputs of 6e4 gave inf
+    outputs)."""
+
+    m: torch.Tensor
+    l: torch.Tensor
+    lse: torch.Tensor
+
+
+def row_normaliser(logits: torch.Tensor) -> RowNormaliser:
+    """:class:`RowNormaliser` of fp32 ``logits (..., Sk)`` (-inf where a key is masked)."""
+    if logits.shape[-1] == 0:  # no keys at all (an empty packed sequence)
+        m = logits.new_zeros(logits.shape[:-1])
+    else:
+        m = logits.amax(dim=-1)
+        m = torch.where(m == float("-inf"), 0.0, m)
+    l = torch.exp(logits - m[..., None]).sum(dim=-1)  # masked keys: exp(-inf) = 0
+    lse = torch.where(l == 0, float("-inf"), m + torch.log(l))
+    return RowNormaliser(m, l, lse)
+
+
+
+def _forward_p(logits: torch.Tensor, norm: RowNormaliser, config: FP8AttentionConfig) -> torch.Tensor:
     """The forward's P as the PV matmul sees it: quantized per row within each key tile.
 
     Within a key tile the codes are ``fp8(FMAX · exp(s − m_tile))`` with ``m_tile`` the row's maximum
-    logit in that tile, and the tile's row scale is ``exp(m_tile − LSE) / FMAX``. The codes do not
-    depend on the kernel's running maximum, so the kernel's online softmax reproduces them exactly.
+    logit in that tile, and the tile's row scale is ``exp(m_tile − m) / (l · FMAX)`` (= exp(m_tile −
+    LSE) / FMAX, see :class:`RowNormaliser`). The codes do not depend on the kernel's running
+    maximum, so the kernel's online softmax reproduces them exactly.
     """
     fmt = config.p_format
     bc = config.block_k
@@ -87,7 +116,8 @@ def _forward_p(logits: torch.Tensor, lse: torch.Tensor, config: FP8AttentionConf
     m_tile = tiles.amax(dim=-1, keepdim=True)
     empty = m_tile == float("-inf")
     codes = fp8_round(fmt.max * torch.exp(tiles - torch.where(empty, 0.0, m_tile)), fmt)
-    tile_scale = torch.where(empty, 0.0, torch.exp(m_tile - lse[..., None, None]) / fmt.max)
+    l = torch.where(norm.l == 0, 1.0, norm.l)[..., None, None]
+    tile_scale = torch.where(empty, 0.0, torch.exp(m_tile - norm.m[..., None, None]) / (l * fmt.max))
     return (codes * tile_scale).reshape(padded.shape)[..., :sk]
 
 
@@ -145,9 +175,9 @@ def _dense_forward(q, k, v, scale, causal, window, config):
     qs, ks, factor = qk_operands(_grouped(q, hkv), k, config)
     vs = _fq_col(v, config.v_format, config.block_k, config)
     logits = _masked_logits(qs, ks, scale * factor, causal, window)
-    lse = torch.logsumexp(logits, dim=-1)
-    out = _rows_times(_forward_p(logits, lse, config), vs)
-    return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:-1])
+    norm = row_normaliser(logits)
+    out = _rows_times(_forward_p(logits, norm, config), vs)
+    return out.reshape(q.shape).to(q.dtype), norm.lse.reshape(q.shape[:-1])
 
 
 def _backward_p(p: torch.Tensor, config: FP8AttentionConfig) -> torch.Tensor:
@@ -180,6 +210,7 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want
     matched = config.delta is DeltaMode.MATCHED
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
+    # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
     lse_b = torch.logsumexp(logits, dim=-1) if matched else _grouped(lse[..., None], hkv)[..., 0]
     p = _probabilities(logits, lse_b)
     if matched:

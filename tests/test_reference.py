@@ -159,3 +159,29 @@ def test_matched_mode_does_not_keep_the_output_for_backward():
 def test_stale_and_matched_share_the_forward():
     q, k, v, _ = make_qkv(sq=64, seed=14)
     assert torch.equal(fp8_attention(q, k, v, config=MATCHED), fp8_attention(q, k, v, config=STALE))
+
+
+@pytest.mark.parametrize("a", [100.0, 1000.0, 3000.0])
+def test_huge_logits_keep_rows_normalised(a):
+    """q = k = a·1 (logits 8e4 to 7e7), v = 1, causal: the exact output is 1 everywhere. Normalised
+    through LSE = m + log l, which fp32 cannot hold apart from m at these magnitudes, the rows summed
+    to up to their number of keys. The tile recipe (no smoothing: the logits stay huge) in fp32;
+    every P code is 448 and every V code exact, so the output is 1 to fp32 rounding."""
+    q = torch.full((1, 2, 70, 64), a)
+    v = torch.ones(1, 2, 70, 64)
+    config = FP8AttentionConfig(backend="emulation", channel_scales="tile", smooth_k=False, hadamard=False)
+    q_, k_ = q.clone().requires_grad_(True), q.clone().requires_grad_(True)
+    out = fp8_attention(q_, k_, v, causal=True, config=config)
+    assert (out - 1).abs().max() < 1e-5
+    dq, dk = torch.autograd.grad(out.sum(), (q_, k_))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+
+
+def test_fp16_inputs_near_the_top_of_the_range_give_no_inf():
+    """q = k = v = 6e4 in fp16 (logits 2.9e10): the output is v, finite (SDPA gives 6e4)."""
+    x = torch.full((1, 1, 64, 64), 6e4, dtype=torch.float16)
+    for config in (FP8AttentionConfig(backend="emulation"),
+                   FP8AttentionConfig(backend="emulation", channel_scales="tile", smooth_k=False, hadamard=False)):
+        out = fp8_attention(x, x, x, causal=True, config=config)
+        assert torch.isfinite(out).all()
+        assert (out.float() - 6e4).abs().max() <= 32  # fp16's spacing at 6e4
