@@ -213,8 +213,46 @@ QUANT_CASES = {
 }
 
 
+def _stats_case(varlen: bool, d: int):
+    """The statistics kernel (two operands per launch, every kind of statistic) against PyTorch."""
+    import torch
+
+    from hf_fp8_attention.kernels.sequence_stats import StatsNeed, sequence_stats
+    from hf_fp8_attention.transforms import rotate
+
+    gen = torch.Generator().manual_seed(11)
+    shape = (1 if varlen else 2, 3, 45, d)
+    k = (torch.randn(*shape, generator=gen) * torch.logspace(-2, 1, d) + 3).to(torch.bfloat16).float()
+    v = (torch.randn(*shape, generator=gen) * 5).to(torch.bfloat16).float()
+    cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
+    needs = (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True))
+    got_k, got_v = sequence_stats((k, v), needs, cu_seqlens=cu)
+    (got_q,) = sequence_stats((v,), (StatsNeed(rotate=True, row_amax=True),), cu_seqlens=cu)
+    bounds = list(zip(cu[:-1].tolist(), cu[1:].tolist())) if varlen else [(0, shape[2])] * shape[0]
+    ok = {"shift": True, "row_amax": True, "col_amax": True, "empty_zero": True}
+    for i, (lo, hi) in enumerate(bounds):
+        b = 0 if varlen else i
+        ks, vs = k[b, :, lo:hi], v[b, :, lo:hi]
+        if hi == lo:
+            ok["empty_zero"] &= all(float(t[i].abs().max()) == 0 for st in (got_k, got_v) for t in st)
+            continue
+        shift = rotate(ks.mean(dim=1, keepdim=True))[:, 0]
+        want = {"shift": (got_k.shift[i, :, :d], shift),
+                "row_amax": (torch.stack([got_k.row_amax[i], got_v.row_amax[i], got_q.row_amax[i]]),
+                             torch.stack([(rotate(ks) - shift[:, None]).abs().amax((1, 2)), vs.abs().amax((1, 2)),
+                                          rotate(vs).abs().amax((1, 2))])),
+                "col_amax": (torch.stack([got_k.col_amax[i, :, :d], got_v.col_amax[i, :, :d]]),
+                             torch.stack([ks.abs().amax(1), vs.abs().amax(1)]))}
+        for name, (g, w) in want.items():
+            ok[name] &= bool(torch.allclose(g, w, rtol=1e-5, atol=1e-6))  # fp32 summation order
+    return ok
+
+
 def _run_all():
     results = {}
+    for varlen in (False, True):
+        for d in (64, 96):
+            results[f"stats/{'varlen' if varlen else 'dense'}_d{d}"] = _stats_case(varlen, d)
     for i, name in enumerate(FORWARD_CASES):
         results[f"fwd/{name}"] = _forward_case(name, seed=int(os.environ.get("FWD_SEED_BASE", "0")) + i)
     for name, args in QUANT_CASES.items():
@@ -262,6 +300,12 @@ def test_quantize_kernel_bit_exact(interpreter_results, name):
     assert all(r.values()), r
     if QUANT_CASES[name][5] is not None:  # the second operand of the launch was checked too
         assert any(key.startswith("y_") for key in r), r
+
+
+@pytest.mark.parametrize("name", ["dense_d64", "dense_d96", "varlen_d64", "varlen_d96"])
+def test_sequence_statistics_match_pytorch(interpreter_results, name):
+    r = interpreter_results[f"stats/{name}"]
+    assert all(r.values()), r
 
 
 def test_forward_autotune_key_buckets_the_sequence_length():
