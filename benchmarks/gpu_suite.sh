@@ -20,8 +20,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
   | tee "$OUT/nvidia_smi.txt"
 test_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
+  # -v: every test's id and outcome as it ends, so a run cut by a time limit still names its failures.
   # shellcheck disable=SC2086
-  python -m pytest -q -m gpu -rs $XDIST ${TESTS:-tests} 2>&1 | tee "$OUT/pytest_gpu.log"
+  python -m pytest -v -m gpu -rs $XDIST ${TESTS:-tests} 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed"
   test_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0
