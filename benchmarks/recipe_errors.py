@@ -9,6 +9,7 @@ zero-row-sum residual (median over rows of |Σ_j dS_ij| / Σ_j P_ij |dP_ij|).
     python benchmarks/recipe_errors.py                       # tests/data slice, CPU emulation
     python benchmarks/recipe_errors.py --fixture F --tokens 2048 --recipes fp8_delta fp8_delta_fast
     python benchmarks/recipe_errors.py --backend triton      # the kernels (CUDA)
+    python benchmarks/recipe_errors.py --recipes fp8_delta --set kv_scales=head   # a variant
 
 ``--json PATH`` writes the numbers.
 """
@@ -77,16 +78,24 @@ def main(argv=None) -> int:
     parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
     parser.add_argument("--backend", choices=("emulation", "triton"), default="emulation")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="override config fields of every recipe, e.g. kv_scales=head")
     args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
+    for key, value in overrides.items():  # booleans arrive as text
+        if value in ("True", "False"):
+            overrides[key] = value == "True"
     device = "cuda" if args.backend == "triton" else "cpu"
     results = {}
+    if overrides:
+        print(f"every recipe with {overrides}")
     print(f"{'layer':>5} {'recipe':<16} {'O':>7} {'dQ':>7} {'dK':>7} {'dV':>7} {'residual':>9}")
     for layer, tensors in load_layers(args.fixture, args.tokens).items():
         exact = exact_attention_grads(*tensors[:3], tensors[3], scale=SCALE, mask=MaskSpec(causal=True))
         tensors = tuple(t.to(device) for t in tensors)
         exact = tuple(t.to(device) for t in exact)
         for name in args.recipes:
-            config = RECIPES[name].replace(backend=args.backend)
+            config = RECIPES[name].replace(backend=args.backend, **overrides)
             err = recipe_errors(*tensors, config, exact)
             results[f"{layer}/{name}"] = err
             print(f"{layer:>5} {name:<16} " + " ".join(f"{100 * err[n]:6.2f}%" for n in ("O", "dQ", "dK", "dV"))
