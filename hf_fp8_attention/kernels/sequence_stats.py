@@ -159,14 +159,8 @@ def _finish_kernel(
     seq = tl.program_id(0)
     h = tl.program_id(1)
     op = tl.program_id(2)
-    if IS_VARLEN:
-        length = tl.load(cu_ptr + seq + 1) - tl.load(cu_ptr + seq)
-        slot0 = tl.load(chunk_off_ptr + seq)
-        bh = h
-    else:
-        length = S
-        slot0 = 0
-        bh = seq * H + h
+    _, length, slot0, bb = block_of_sequence(seq, 0, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
+    bh = bb * H + h
     offs_d = tl.arange(0, BLOCK_D)
     hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
     lo = tl.full([BLOCK_D], float("inf"), tl.float32)

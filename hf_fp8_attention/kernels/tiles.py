@@ -141,14 +141,12 @@ def block_of_sequence(b, block, cu_ptr, block_off_ptr, S, IS_VARLEN: tl.constexp
     if IS_VARLEN:
         start = tl.load(cu_ptr + b)
         length = tl.load(cu_ptr + b + 1) - start
-        slot = tl.load(block_off_ptr + b) + block
         batch = b * 0
     else:
         start = 0
         length = S
-        slot = block
         batch = b
-    return start, length, slot, batch
+    return start, length, tile_slot(b, block, block_off_ptr, IS_VARLEN), batch
 
 
 def cdiv(a: int, b: int) -> int:
