@@ -98,7 +98,6 @@ def row_normaliser(logits: torch.Tensor) -> RowNormaliser:
     return RowNormaliser(m, l, lse)
 
 
-
 def _forward_p(logits: torch.Tensor, norm: RowNormaliser, config: FP8AttentionConfig) -> torch.Tensor:
     """The forward's P as the PV matmul sees it: quantized per row within each key tile.
 

@@ -35,9 +35,7 @@ def copies_for(role: str, config: FP8AttentionConfig, *, row: bool, col: bool) -
 
 
 def stats_need(copies: Copies) -> StatsNeed:
-    """The sequence statistics ``copies`` need (all off where it needs none)."""
-    if not copies.needs_stats:
-        return StatsNeed()
+    """The sequence statistics ``copies`` need (for copies with ``needs_stats``)."""
     return StatsNeed(rotate=copies.row and copies.rotate, smooth=copies.row and copies.shift,
                      row_amax=copies.row and copies.row_head, col_amax=copies.col and copies.col_mode != 0)
 
