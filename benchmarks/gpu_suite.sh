@@ -8,13 +8,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_suite_out}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# Cold runs are mostly Triton compiles: with pytest-xdist, PYTEST_WORKERS processes compile side by
-# side (8 on the H200 machine ran the 112 recipe, forward and backward kernel tests cold in 189 s).
-# PYTEST_WORKERS=0 turns it off.
-XDIST=""
-if [ "${PYTEST_WORKERS:-8}" != "0" ] && python -c "import xdist" 2>/dev/null; then XDIST="-n ${PYTEST_WORKERS:-8}"; fi
+# shellcheck source=benchmarks/gpu_env.sh
+source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST
 tag=${BENCH_TAG:-gpu_suite}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv \
   | tee "$OUT/nvidia_smi.txt"
