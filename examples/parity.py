@@ -63,7 +63,7 @@ LADDER = {
     "350m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=30, num_attention_heads=16,
                  num_key_value_heads=4, head_dim=64),
 }
-TINY_LADDER = {  # the same three rungs at CPU size (2 layers, head_dim 64 as the FP8 recipes need)
+TINY_LADDER = {  # the same three rungs at CPU size (1-3 layers, head_dim 64 as the FP8 recipes need)
     "30m": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=1,
                 num_key_value_heads=1, head_dim=64),
     "120m": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
