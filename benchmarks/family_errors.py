@@ -27,8 +27,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_fp8_attention import register_fp8_attention  # noqa: E402
+from hf_fp8_attention.exact import exact_attention  # noqa: E402
 from hf_fp8_attention.integration import transformers_backend  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from recipe_errors import rel  # noqa: E402
 
 VOCAB = 128
 COMMON = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_hidden_layers=2,
@@ -63,24 +67,15 @@ def run(model, x):
     return out.logits.detach().double(), grads
 
 
-def rel(a, b) -> float:
-    return float((a - b).norm() / b.norm())
-
-
 def exact_attention_like(q, k, v, out, **call):
-    """Exact attention on the op's inputs ``(B, H, S, D)`` (the seam's dense causal calls, with
-    its window), plus Gaussian noise of the relative size ``out`` differs from it by; and that size."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = (q @ k.transpose(-1, -2)) * call.get("scale", q.shape[-1] ** -0.5)
-    i = torch.arange(q.shape[2])[:, None] + k.shape[2] - q.shape[2]
-    j = torch.arange(k.shape[2])[None, :]
-    visible = j <= i
-    if call.get("window") is not None:
-        visible &= i - j < call["window"]
-    exact = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ v
-    noise = torch.randn(exact.shape, generator=torch.Generator().manual_seed(q.shape[2]))
-    return exact + noise * ((out - exact).norm() / noise.norm()), float((out - exact).norm() / exact.norm())
+    """Exact attention (float64) on the op's inputs ``(B, H, S, D)`` (the seam's dense causal calls,
+    with its window), plus Gaussian noise of the relative size ``out`` differs from it by, in
+    ``out``'s dtype; and that size."""
+    mask = MaskSpec(causal=True, window=call.get("window"))
+    exact = exact_attention(q, k, v, scale=call.get("scale"), mask=mask)
+    diff = (out.double() - exact).norm()
+    noise = torch.randn(exact.shape, generator=torch.Generator().manual_seed(q.shape[2]), dtype=torch.float64)
+    return (exact + noise * (diff / noise.norm())).to(out.dtype), float(diff / exact.norm())
 
 
 def noise_logits_error(family: str, seed: int, x) -> tuple[float, list[float]]:
