@@ -29,14 +29,15 @@ from recipe_errors import DEFAULT_FIXTURE, SCALE, load_layers, rel  # noqa: E402
 from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
-from hf_fp8_attention.quant import fake_quantize  # noqa: E402
+from hf_fp8_attention.config import FP8Format  # noqa: E402
+from hf_fp8_attention.quant import compute_scales, fake_quantize  # noqa: E402
 from hf_fp8_attention.reference import _fq_col, _rows_times, emulated_backward, emulated_forward  # noqa: E402
 
 
-def with_scale(x: torch.Tensor, amax: torch.Tensor, fmax: float = 448.0) -> torch.Tensor:
-    """fp32 x quantized to E4M3 with the scale amax / fmax (amax broadcast against x)."""
-    s = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
-    return (x / s).clamp(-fmax, fmax).to(torch.float8_e4m3fn).float() * s
+def with_scale(x: torch.Tensor, amax: torch.Tensor, fmt: FP8Format = FP8Format.E4M3) -> torch.Tensor:
+    """fp32 x quantized with the recipe's scale for ``amax`` (broadcast against x), dequantized."""
+    s = compute_scales(amax, fmt, pow2=False)
+    return (x / s).clamp(-fmt.max, fmt.max).to(fmt.dtype).float() * s
 
 
 def main(argv=None) -> int:
