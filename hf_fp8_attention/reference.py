@@ -25,7 +25,7 @@ import torch
 from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig, Granularity, PScaling
 from .masking import MaskSpec, dense_mask
 from .quant import fake_quantize
-from .transforms import hadamard_block, key_mean, rotate
+from .transforms import hadamard_block, key_mean, query_key_means, rotate
 
 
 @dataclass
@@ -87,21 +87,25 @@ def _masked_logits(qs, ks, scale, causal, window, *, shift=None, softcap=None) -
     return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
 
 
-def smoothing_shift(qg: torch.Tensor, k: torch.Tensor, scale: float, config: FP8AttentionConfig,
+def smoothing_shift(q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
                     softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor | None:
-    """τ q_i·μ ``(B, Hkv, G, Sq)`` fp32: what K-smoothing took off row i of S, when it must be put back.
+    """τ q_i·μ ``(B, Hq, Sq)`` fp32: what K-smoothing took off row i of S, when it must be put back.
 
     Softmax does not see a row constant, so plain smoothed logits are used as they are. With a cap
     c·tanh((s − τ q·μ) / c) is not the capped logit minus a constant, and with a sink the constant
     would move every logit against σ_h, which it does not shift: with either, the constant is added
-    back before the cap (from the unquantized q: the constant is exact). The rotation changes no
-    logit and needs nothing. ``qg (B, Hkv, G, Sq, D)``, ``k (B, Hkv, Sk, D)`` of one sequence; None
-    when nothing is to be added.
+    back before the cap (from the unquantized q: the constant is exact; μ per sequence and kv head,
+    :func:`..transforms.query_key_means`, which the kernels' launchers call too). The rotation
+    changes no logit and needs nothing. None when nothing is to be added.
     """
     if not config.smooth_k or (softcap is None and sinks is None):
         return None
-    mean = key_mean(k)[:, :, None]  # (B, Hkv, 1, 1, D)
-    return (qg.float() * mean).sum(dim=-1) * scale
+    return query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
+
+
+def _rows_of(x: torch.Tensor | None, hkv: int) -> torch.Tensor | None:
+    """A per-row value ``(B, Hq, S)`` viewed ``(B, Hkv, G, S)``."""
+    return None if x is None else _grouped(x[..., None], hkv)[..., 0]
 
 
 def _sink_logits(sinks: torch.Tensor | None, b: int, hkv: int, sq: int) -> torch.Tensor | None:
@@ -227,13 +231,12 @@ def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -
     return q_op, k_op, factor
 
 
-def _dense_forward(q, k, v, scale, causal, window, config, softcap, sinks):
+def _dense_forward(q, k, v, scale, causal, window, config, softcap, sinks, shift):
+    """One sequence; ``shift (B, Hq, Sq)`` or None: :func:`smoothing_shift`'s rows of it."""
     hkv = k.shape[1]
-    qg = _grouped(q, hkv)
-    qs, ks, factor = qk_operands(qg, k, config)
+    qs, ks, factor = qk_operands(_grouped(q, hkv), k, config)
     vs = _fq_col(v, config.v_format, config.block_k, config)
-    logits = _masked_logits(qs, ks, scale * factor, causal, window,
-                            shift=smoothing_shift(qg, k, scale, config, softcap, sinks), softcap=softcap)
+    logits = _masked_logits(qs, ks, scale * factor, causal, window, shift=_rows_of(shift, hkv), softcap=softcap)
     norm = row_normaliser(logits, _sink_logits(sinks, q.shape[0], hkv, q.shape[2]))
     out = _rows_times(_forward_p(logits, norm, config), vs)
     return out.reshape(q.shape).to(q.dtype), norm.lse.reshape(q.shape[:-1])
@@ -267,19 +270,20 @@ def _cap_derivative(logits: torch.Tensor, softcap: float) -> torch.Tensor:
     return torch.where(logits == float("-inf"), 0.0, 1.0 - (logits / softcap) ** 2)
 
 
-def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, softcap, sinks, want_internals):
+def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, softcap, sinks, shift, want_internals):
+    """One sequence; ``shift``: as for :func:`_dense_forward` (read by the FP8 backward only: the
+    hybrid one's bf16 logits are not smoothed)."""
     hkv = k.shape[1]
     qg, dog = _grouped(q, hkv), _grouped(dout, hkv)
     fp8 = config.backward is BackwardPrecision.FP8
-    shift = None
     if fp8:
         # B1 and B2: identical quantization to F1, so the logits are bit-identical to the forward's.
         qs, ks, factor = qk_operands(qg, k, config)
-        shift = smoothing_shift(qg, k, scale, config, softcap, sinks)
+        shift = _rows_of(shift, hkv)
         dp = _scores(_fq_row(dog, config.do_format, config.qdo_scales, config),
                      _fq_row(v, config.v_format, config.kv_scales, config))
     else:
-        qs, ks, factor = _bf16(qg), _bf16(k), 1.0
+        qs, ks, factor, shift = _bf16(qg), _bf16(k), 1.0, None
         dp = _scores(_bf16(dog), _bf16(v))
     logits = _masked_logits(qs, ks, scale * factor, causal, window, shift=shift, softcap=softcap)
     sink = _sink_logits(sinks, q.shape[0], hkv, q.shape[2])
@@ -347,13 +351,15 @@ def emulated_forward(
     sequences; tokens outside every sequence get output 0 and LSE -inf.
     """
     mods = (softcap, sinks)
+    shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
-        return _dense_forward(q, k, v, scale, mask.causal, mask.window, config, *mods)
+        return _dense_forward(q, k, v, scale, mask.causal, mask.window, config, *mods, shift)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     for qs, qe, ks, ke in mask.sequence_bounds():
         out[:, :, qs:qe], lse[:, :, qs:qe] = _dense_forward(
-            q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window, config, *mods
+            q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window, config, *mods,
+            None if shift is None else shift[:, :, qs:qe],
         )
     return out, lse
 
@@ -390,9 +396,10 @@ def emulated_backward(
     """
     if config.delta is DeltaMode.STALE and out is None:
         raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
-    args = (scale, mask.causal, mask.window, config, softcap, sinks, return_internals)
+    args = (scale, mask.causal, mask.window, config, softcap, sinks)
+    shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
-        grads, internals = _dense_backward(q, k, v, out, lse, dout, *args)
+        grads, internals = _dense_backward(q, k, v, out, lse, dout, *args, shift, return_internals)
         return (grads, [internals]) if return_internals else grads
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=torch.float32, device=q.device)
@@ -401,7 +408,8 @@ def emulated_backward(
         sq, sk = slice(qs, qe), slice(ks, ke)
         out_i = None if out is None else out[:, :, sq]
         part, internals = _dense_backward(
-            q[:, :, sq], k[:, :, sk], v[:, :, sk], out_i, lse[:, :, sq], dout[:, :, sq], *args
+            q[:, :, sq], k[:, :, sk], v[:, :, sk], out_i, lse[:, :, sq], dout[:, :, sq], *args,
+            None if shift is None else shift[:, :, sq], return_internals,
         )
         dq[:, :, sq], dk[:, :, sk], dv[:, :, sk] = part[:3]
         if dsinks is not None:
