@@ -69,10 +69,11 @@ def run(model, x):
 
 def exact_attention_like(q, k, v, out, **call):
     """Exact attention (float64) on the op's inputs ``(B, H, S, D)`` (the seam's dense causal calls,
-    with its window), plus Gaussian noise of the relative size ``out`` differs from it by, in
+    with its window, soft-cap and sinks), plus Gaussian noise of the relative size ``out`` differs from it by, in
     ``out``'s dtype; and that size."""
     mask = MaskSpec(causal=True, window=call.get("window"))
-    exact = exact_attention(q, k, v, scale=call.get("scale"), mask=mask)
+    exact = exact_attention(q, k, v, scale=call.get("scale"), mask=mask, softcap=call.get("softcap"),
+                            sinks=call.get("sinks"))
     diff = (out.double() - exact).norm()
     noise = torch.randn(exact.shape, generator=torch.Generator().manual_seed(q.shape[2]), dtype=torch.float64)
     return (exact + noise * (diff / noise.norm())).to(out.dtype), float(diff / exact.norm())

@@ -6,6 +6,8 @@ Two views of the same defect:
   row we report |Σ_j dS_ij| / Σ_j P_ij |dP_ij|, with dS, P, dP the fp32 values the backward formed
   before quantizing dS. The denominator is the natural size of the row's terms, so the ratio is
   meaningful even when a row's gradient is tiny; rows with no visible key (denominator 0) are left out.
+  With a soft-cap dS is the softmax input's gradient dS̃ (before the cap's factor); with sinks the
+  row sum includes the sink's entry −P_sink D_i (dP_sink = 0 adds nothing to the denominator).
 - **Key-shift residual** (outside): exact attention is invariant to adding one vector to every key,
   so Σ_j dK_j = 0 per (batch, kv head). We report ‖Σ_j dK_j‖ / ‖Σ_j |dK_j|‖.
 
@@ -19,7 +21,7 @@ import torch
 
 from . import reference
 from .config import FP8AttentionConfig
-from .exact import exact_attention_grads
+from .exact import exact_attention, exact_attention_grads
 from .masking import MaskSpec
 
 # FP8 error budget: relative Frobenius error of one attention call against float64 attention on
@@ -35,6 +37,14 @@ FP8_ERROR_BUDGET = {"out": U_E4M3, "dv": U_E4M3, "dq": 1.5 * U_E4M3, "dk": 1.5 *
 # The matched hybrid backward has bf16 operands (u = 2^-8) and inherits the FP8 forward only through
 # its own normaliser: within 4 bf16 units (1.6%).
 HYBRID_MATCHED_GRAD_BUDGET = 4 * 2.0**-8
+# The sinks' gradient dσ_h = −Σ_i P_i,sink D_i is a signed sum over a head's rows, dominated by the
+# few early rows of a causal head that see few keys, where single dP products carry large relative
+# errors; its relative error over a handful of heads says little (40-110% measured on random
+# inputs). It is measured against the natural size of its terms, Σ_i |P_i,sink D_i| (exact values,
+# :func:`sink_grad_error`): D_i passes through two quantized levels (S's operands via P, dP's
+# operands: u, as O) and P_sink through one (u/2), so 1.5u. Measured 0.4-1.6% (seq 100-513, d 64
+# and 128, every recipe, with and without a cap).
+SINK_GRAD_BUDGET = 1.5 * U_E4M3
 # The matched zero-row-sum residual is fp32 rounding of the row sums (measured median 1e-8, max
 # 3e-7 on random inputs); the stale delta leaves 1e-3..1e-1.
 MATCHED_ROW_SUM_RESIDUAL_MAX = 1e-6
@@ -67,10 +77,14 @@ class DiagnosticsReport:
 
 
 def row_sum_residual(internals: list[reference.BackwardInternals]) -> torch.Tensor:
-    """Per valid row |Σ_j dS_ij| / Σ_j P_ij |dP_ij| (float64, flattened over all heads/sequences)."""
+    """Per valid row |Σ_j dS_ij (+ dS_i,sink)| / Σ_j P_ij |dP_ij| (float64, flattened over all
+    heads/sequences)."""
     parts = []
     for it in internals:
-        num = it.ds.double().sum(dim=-1).abs()
+        num = it.ds.double().sum(dim=-1)
+        if it.ds_sink is not None:
+            num = num + it.ds_sink.double()
+        num = num.abs()
         den = (it.p.double() * it.dp.double().abs()).sum(dim=-1)
         parts.append((num / den)[den > 0])
     return torch.cat([p.flatten() for p in parts])
@@ -86,6 +100,19 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref).norm() / ref.norm())
 
 
+def sink_grad_error(dsinks: torch.Tensor, q, k, v, dout, *, scale: float | None = None, mask: MaskSpec | None = None,
+                    softcap: float | None = None, sinks: torch.Tensor) -> float:
+    """Σ_h |dσ_h − dσ_h^exact| / Σ_h Σ_i |P_i,sink D_i| (exact, float64): the error of ``dsinks (Hq,)``
+    against the natural size of its terms (see :data:`SINK_GRAD_BUDGET`). Inputs as for
+    :func:`hf_fp8_attention.fp8_attention`."""
+    mods = dict(scale=scale, mask=mask, softcap=softcap, sinks=sinks)
+    out, *_, exact = exact_attention_grads(q, k, v, dout, **mods)
+    # Each row's probability mass on the keys is the output for values of ones: P_sink = 1 − that.
+    p_sink = 1 - exact_attention(q, k, torch.ones_like(v), **mods)[..., 0]
+    delta = (dout.double() * out).sum(dim=-1)
+    return float((dsinks.double() - exact).abs().sum() / (p_sink * delta).abs().sum())
+
+
 def diagnose(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -96,22 +123,30 @@ def diagnose(
     causal: bool = False,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> DiagnosticsReport:
     """Run the emulated FP8 forward and backward once and measure them.
 
     Args:
         q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)``; dout: like q. Any float dtype and device
             (the emulation runs wherever the tensors are; its memory is O(B·Hq·Sq·Sk) fp32).
+        softcap, sinks ``(Hq,)``: the logit modifiers of :func:`hf_fp8_attention.fp8_attention`;
+            with sinks ``rel_err`` also has ``"dsinks"``, measured by :func:`sink_grad_error`.
     """
     config = config or FP8AttentionConfig()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = MaskSpec(causal=causal, window=window)
-    out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
-    (dq, dk, dv), internals = reference.emulated_backward(
-        q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, return_internals=True
+    mods = dict(softcap=softcap, sinks=None if sinks is None else sinks.float())
+    out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config, **mods)
+    grads, internals = reference.emulated_backward(
+        q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, return_internals=True, **mods
     )
-    exact = exact_attention_grads(q, k, v, dout, scale=scale, mask=mask)
+    dq, dk, dv = grads[:3]
+    exact = exact_attention_grads(q, k, v, dout, scale=scale, mask=mask, **mods)
     rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), exact)}
+    if sinks is not None:
+        rel["dsinks"] = sink_grad_error(grads[3], q, k, v, dout, scale=scale, mask=mask, **mods)
     return DiagnosticsReport(
         row_sum_residual=row_sum_residual(internals), key_shift_residual=key_shift_residual(dk), rel_err=rel
     )

@@ -62,6 +62,34 @@ def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+def _check_softcap(softcap) -> float | None:
+    """``softcap`` as a float (None: no cap); a ValueError unless it is a positive finite number."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"fp8_attention: softcap must be a positive finite number or None, got {softcap!r}")
+    return float(softcap)
+
+
+def _check_sinks(sinks, q: torch.Tensor) -> torch.Tensor | None:
+    """``sinks`` as fp32 ``(Hq,)`` (a differentiable cast; None: no sinks), after checking that it is
+    a floating-point tensor with one logit per query head, on q's device."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"fp8_attention: sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"fp8_attention: sinks must be a floating-point tensor, got dtype {sinks.dtype}")
+    if tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(
+            f"fp8_attention: sinks must have shape (num_query_heads,) = ({q.shape[1]},), one logit per query head, "
+            f"got shape {tuple(sinks.shape)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"fp8_attention: sinks must be on q's device {q.device}, got {sinks.device}")
+    return sinks.to(torch.float32)
+
+
 def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[int, int] | None:
     """Validate packed-batch offsets; return the longest query / key sequence on the host.
 
@@ -122,6 +150,8 @@ def fp8_attention(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-scaled FP8 attention with a delta-matched (or stale) FP8 backward.
 
@@ -140,12 +170,21 @@ def fp8_attention(
         max_seqlen_q, max_seqlen_k: the longest query / key sequence of a packed batch, when the
             caller knows it on the host. Eager calls read (and check) the lengths themselves; under
             torch.compile, without these the kernels read them from ``cu_seqlens`` (a device sync).
+        softcap: logit soft-capping (Gemma 2): each logit s becomes ``softcap * tanh(s / softcap)``
+            before the softmax; a positive finite number.
+        sinks: attention sinks (GPT-OSS's ``s_aux``): ``(Hq,)`` floating-point, on q's device, one
+            learned logit per query head that joins each row's softmax normaliser but has no value
+            (not capped); differentiable. A row that sees no key then outputs 0.
+            Both run in the PyTorch emulation only for now: the Triton kernels raise
+            NotImplementedError for them (use ``FP8AttentionConfig(backend="emulation")``).
     Returns:
         ``(B, Hq, Sq, D)`` in the input dtype (under ``torch.autocast``: the autocast dtype, to
         which q, k, v are cast first, as SDPA does).
     """
     q, k, v = _autocast(q, k, v)
     _check_tensors(q, k, v)
+    softcap = _check_softcap(softcap)
+    sinks = _check_sinks(sinks, q)
     max_lengths = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q, k)
     config = FP8AttentionConfig() if config is None else config
     if not isinstance(config, FP8AttentionConfig):
@@ -175,4 +214,4 @@ def fp8_attention(
         cu_seqlens_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32).contiguous()
     mask = MaskSpec(causal=bool(causal), window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     max_seqlen_q=max_q, max_seqlen_k=max_k)
-    return FP8AttentionFunction.apply(q, k, v, float(scale), mask, config)
+    return FP8AttentionFunction.apply(q, k, v, float(scale), mask, config, softcap, sinks)

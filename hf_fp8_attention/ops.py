@@ -6,7 +6,9 @@
   implementations, so ``torch.compile`` traces the attention call as one opaque node (no graph
   break). Their arguments are flat: the :class:`MaskSpec` becomes ``causal``, ``window`` (-1: none),
   the optional ``cu_seqlens`` tensors and ``max_seqlen_q`` / ``max_seqlen_k`` (-1: unknown, read from
-  ``cu_seqlens`` on the device); the config travels as its canonical string key.
+  ``cu_seqlens`` on the device); the config travels as its canonical string key; the logit
+  modifiers ``softcap`` (None: none) and ``sinks`` (None: none) come last. The backward op returns
+  a list: ``[dq, dk, dv]``, and ``dsinks`` after them when there are sinks.
 - The forward op carries its autograd formula (the backward op); :class:`FP8AttentionFunction`
   is the entry point: it calls the ops under torch.compile, and in eager mode runs the same
   implementations (:func:`run_forward` / :func:`run_backward`) through a plain autograd Function,
@@ -48,7 +50,30 @@ def _kernel_unavailable_reason(device_index: int) -> str | None:
     return None
 
 
-def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Backend:
+# Requests the emulation honours and the Triton kernels do not (yet): name -> what the error calls it.
+_KERNEL_UNSUPPORTED = {
+    "softcap": "attention logit soft-capping (softcap)",
+    "sinks": "attention sinks (sinks / s_aux)",
+}
+
+
+def requested_features(softcap: float | None, sinks: torch.Tensor | None) -> tuple[str, ...]:
+    """The names (keys of the kernels' unsupported list) of the logit modifiers a call asks for."""
+    return tuple(name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None)
+
+
+def _check_kernel_features(features: tuple[str, ...]) -> None:
+    """NotImplementedError naming each requested feature the kernels lack, and the alternatives."""
+    missing = [_KERNEL_UNSUPPORTED[f] for f in features if f in _KERNEL_UNSUPPORTED]
+    if missing:
+        raise NotImplementedError(
+            f"the FP8 attention Triton kernels do not implement {' and '.join(missing)} yet; use "
+            "FP8AttentionConfig(backend=\"emulation\") to run the FP8 recipe in PyTorch instead (correct but "
+            "slow and memory-hungry), or attn_implementation=\"sdpa\" / \"eager\" for this model"
+        )
+
+
+def select_backend(device: torch.device | str, config: FP8AttentionConfig, features: tuple[str, ...] = ()) -> Backend:
     """``Backend.TRITON`` or ``Backend.EMULATION`` for tensors on ``device``.
 
     - ``backend="emulation"``: the PyTorch emulation, on any device.
@@ -56,6 +81,9 @@ def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Ba
       importable; the emulation for CPU (and other non-CUDA) tensors; a RuntimeError for CUDA
       tensors on an older GPU, naming ``attn_implementation="sdpa"`` and ``backend="emulation"``.
     - ``backend="triton"``: the kernels, or a RuntimeError saying why they cannot run.
+
+    ``features``: the call's logit modifiers (:func:`requested_features`); where the kernels would
+    run and lack one, a NotImplementedError names it and the alternatives (never dropped silently).
     """
     device = torch.device(device)
     if config.backend is Backend.EMULATION:
@@ -76,6 +104,7 @@ def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Ba
             "(bf16 attention) for this model, or FP8AttentionConfig(backend=\"emulation\") to run the FP8 "
             "recipe in PyTorch (correct but slow and memory-hungry)"
         )
+    _check_kernel_features(features)
     return Backend.TRITON
 
 
@@ -161,33 +190,38 @@ def _no_autocast(device_type: str):
     return contextlib.nullcontext()
 
 
-def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
+                softcap: float | None = None, sinks: torch.Tensor | None = None):
     """FP8 attention forward on the backend :func:`select_backend` picks.
 
-    Returns ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32.
+    ``softcap``, ``sinks (Hq,)`` fp32: the logit modifiers (:mod:`.reference`). Returns
+    ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32.
     """
     with _no_autocast(q.device.type):
-        if select_backend(q.device, config) is Backend.TRITON:
+        if select_backend(q.device, config, requested_features(softcap, sinks)) is Backend.TRITON:
             from .kernels.forward import triton_forward
 
             out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
         else:
-            out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+            out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
+                                                  softcap=softcap, sinks=sinks)
     return out.contiguous(), lse.contiguous()
 
 
-def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
+                 softcap: float | None = None, sinks: torch.Tensor | None = None):
     """FP8 attention backward on the backend :func:`select_backend` picks: ``(dq, dk, dv)``
-    contiguous, shapes/dtypes of q, k, v. ``out`` is read only by the stale delta (None in matched
-    mode); ``dout`` may have any strides."""
+    contiguous, shapes/dtypes of q, k, v, followed with ``sinks`` by ``dsinks (Hq,)`` fp32. ``out``
+    is read only by the stale delta (None in matched mode); ``dout`` may have any strides."""
     grads = None
     with _no_autocast(q.device.type):
-        if select_backend(q.device, config) is Backend.TRITON:
+        if select_backend(q.device, config, requested_features(softcap, sinks)) is Backend.TRITON:
             kernel = _triton_backward_fn()
             if kernel is not None:
                 grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
         if grads is None:
-            grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+            grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
+                                                softcap=softcap, sinks=sinks)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -209,14 +243,17 @@ def attention_forward(
     max_seqlen_q: int,
     max_seqlen_k: int,
     config: str,
+    softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward: ``out (B, Hq, Sq, D)`` contiguous in q's dtype, ``lse (B, Hq, Sq)`` fp32."""
     mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return run_forward(q, k, v, scale, mask, _config_from_key(config))
+    return run_forward(q, k, v, scale, mask, _config_from_key(config), softcap, sinks)
 
 
 @attention_forward.register_fake
-def _(q, k, v, scale, causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config):
+def _(q, k, v, scale, causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, config, softcap=None,
+      sinks=None):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     return out, lse
@@ -238,21 +275,27 @@ def attention_backward(
     max_seqlen_q: int,
     max_seqlen_k: int,
     config: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FP8 attention backward: ``(dq, dk, dv)`` contiguous, shapes/dtypes of q, k, v.
+    softcap: Optional[float] = None,
+    sinks: Optional[torch.Tensor] = None,
+) -> list[torch.Tensor]:
+    """FP8 attention backward: ``[dq, dk, dv]`` contiguous, shapes/dtypes of q, k, v, and with
+    ``sinks`` also ``dsinks (Hq,)`` fp32 (a custom op cannot return an optional tensor).
 
     ``out`` is read only by the stale delta (None in matched mode).
     """
     mask = _mask_spec(causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return run_backward(q, k, v, out, lse, dout, scale, mask, _config_from_key(config))
+    return list(run_backward(q, k, v, out, lse, dout, scale, mask, _config_from_key(config), softcap, sinks))
 
 
 @attention_backward.register_fake
 def _(q, k, v, out, lse, dout, scale, causal, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      config):
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+      config, softcap=None, sinks=None):
+    grads = [torch.empty(q.shape, dtype=q.dtype, device=q.device),
+             torch.empty(k.shape, dtype=k.dtype, device=k.device),
+             torch.empty(v.shape, dtype=v.dtype, device=v.device)]
+    if sinks is not None:
+        grads.append(torch.empty(sinks.shape, dtype=torch.float32, device=sinks.device))
+    return grads
 
 
 def _flat_mask(mask: MaskSpec) -> tuple:
@@ -263,16 +306,17 @@ def _flat_mask(mask: MaskSpec) -> tuple:
     return bool(mask.causal), mask.window_arg, mask.cu_seqlens_q, mask.cu_seqlens_k, max_q, max_k
 
 
-def _saved_for_backward(q, k, v, lse, out, config: FP8AttentionConfig) -> tuple:
-    """What both autograd formulas save: O only for the stale delta (matched mode never reads it)."""
-    return q, k, v, lse, (out if config.delta is DeltaMode.STALE else None)
+def _saved_for_backward(q, k, v, lse, out, sinks, config: FP8AttentionConfig) -> tuple:
+    """What both autograd formulas save: O only for the stale delta (matched mode never reads it),
+    and the sinks (None without)."""
+    return q, k, v, lse, (out if config.delta is DeltaMode.STALE else None), sinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, causal, window, cu_q, cu_k, max_q, max_k, key = inputs
+    q, k, v, scale, causal, window, cu_q, cu_k, max_q, max_k, key, softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, _config_from_key(key)))
-    ctx.args = (scale, causal, window, cu_q, cu_k, max_q, max_k, key)
+    ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, sinks, _config_from_key(key)))
+    ctx.args = (scale, causal, window, cu_q, cu_k, max_q, max_k, key, softcap)
     ctx.set_materialize_grads(False)  # an unused LSE output must arrive as None, not zeros
 
 
@@ -281,10 +325,11 @@ def _backward(ctx, dout, dlse):
         # The LSE output is an internal of the backward; nothing in the package differentiates it.
         raise RuntimeError("hf_fp8_attention::forward: gradients through the LSE output are not supported")
     if dout is None:
-        return (None,) * 11
-    q, k, v, lse, out = ctx.saved_tensors
-    dq, dk, dv = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout, *ctx.args)
-    return dq, dk, dv, *(None,) * 8
+        return (None,) * 13
+    q, k, v, lse, out, sinks = ctx.saved_tensors
+    grads = torch.ops.hf_fp8_attention.backward(q, k, v, out, lse, dout, *ctx.args, sinks)
+    dsinks = grads[3] if sinks is not None else None
+    return grads[0], grads[1], grads[2], *(None,) * 9, dsinks
 
 
 torch.library.register_autograd("hf_fp8_attention::forward", _backward, setup_context=_setup_context)
@@ -299,23 +344,25 @@ class _EagerAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
-        out, lse = run_forward(q, k, v, scale, mask, config)
-        ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, config))
-        ctx.args = (scale, mask, config)
+    def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig, softcap, sinks):
+        out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks)
+        ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, sinks, config))
+        ctx.args = (scale, mask, config, softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lse, out = ctx.saved_tensors
-        dq, dk, dv = run_backward(q, k, v, out, lse, dout, *ctx.args)
-        return dq, dk, dv, None, None, None
+        q, k, v, lse, out, sinks = ctx.saved_tensors
+        grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks)
+        dsinks = grads[3] if sinks is not None else None
+        return grads[0], grads[1], grads[2], None, None, None, None, dsinks
 
 
 class FP8AttentionFunction:
     """``out = attention(q, k, v)`` in FP8, with the configured backward (shapes: see reference.py).
 
-    ``FP8AttentionFunction.apply(q, k, v, scale, mask, config)``:
+    ``FP8AttentionFunction.apply(q, k, v, scale, mask, config, softcap=None, sinks=None)`` (sinks:
+    ``(Hq,)`` fp32, differentiable):
 
     - under ``torch.compile`` (and for tensors that are not plain CPU/CUDA tensors: meta, fake,
       subclasses) it calls the custom op, flattening the mask and config into its arguments; the
@@ -328,11 +375,13 @@ class FP8AttentionFunction:
     """
 
     @staticmethod
-    def apply(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig) -> torch.Tensor:
+    def apply(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig, softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
         if torch.compiler.is_compiling() or not all(_plain(t) for t in (q, k, v)):
-            out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config))
+            out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config),
+                                                        softcap, sinks)
             return out
-        return _EagerAttention.apply(q, k, v, scale, mask, config)
+        return _EagerAttention.apply(q, k, v, scale, mask, config, softcap, sinks)
 
 
 def _plain(t: torch.Tensor) -> bool:

@@ -9,6 +9,11 @@ order of the fp32 additions. Scales are shared over the same tiles the kernels u
 Shapes: q ``(B, Hq, Sq, D)``; k, v ``(B, Hkv, Sk, D)`` with ``Hq = G * Hkv`` (GQA: the G query heads
 of a kv head are folded into the query axis, so k and v are never repeated in memory); output
 ``(B, Hq, Sq, D)`` in the input dtype, LSE ``(B, Hq, Sq)`` fp32 (``-inf`` for rows with no key).
+
+Logit modifiers (docs/design.md, "Soft-capping and attention sinks"): ``softcap`` c replaces every
+logit s by c·tanh(s / c) before the softmax (masked keys stay masked); ``sinks`` ``(Hq,)`` fp32 adds
+one logit σ_h per query head to each row's normaliser only (no value; it is not capped). A row with
+no visible key then puts all its mass on the sink: output 0, LSE σ_h, finite gradients.
 """
 from __future__ import annotations
 
@@ -20,20 +25,26 @@ import torch
 from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig, Granularity, PScaling
 from .masking import MaskSpec, dense_mask
 from .quant import fake_quantize
-from .transforms import hadamard_block, key_mean, rotate
+from .transforms import hadamard_block, key_mean, query_key_means, rotate
 
 
 @dataclass
 class BackwardInternals:
     """What the backward formed, for diagnostics. Shapes ``(B, Hkv, G, Sq, Sk)`` / ``(B, Hkv, G, Sq)``.
 
-    ``ds`` is the fp32 dS = P ∘ (dP − D) before it is quantized for the dQ/dK matmuls.
+    ``ds`` is the fp32 gradient of the softmax's input, P ∘ (dP − D): the dS quantized for the
+    dQ/dK matmuls, or with a soft-cap c the dS̃ that is multiplied by 1 − (s̃/c)² first (the zero
+    row sum is dS̃'s). With sinks, ``p_sink`` ``(B, Hkv, G, Sq)`` is each row's sink probability
+    and ``ds_sink`` = −P_sink ∘ D its sink entry (the extended row sum Σ_j ds_ij + ds_sink is zero);
+    both None without sinks.
     """
 
     p: torch.Tensor
     dp: torch.Tensor
     delta: torch.Tensor
     ds: torch.Tensor
+    p_sink: torch.Tensor | None = None
+    ds_sink: torch.Tensor | None = None
 
 
 def _grouped(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
@@ -60,11 +71,54 @@ def _cols_times(m: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return m.reshape(bsz, hkv, g * sq, sk).transpose(-1, -2) @ a.reshape(bsz, hkv, g * sq, a.shape[-1])
 
 
-def _masked_logits(qs, ks, scale, causal, window) -> torch.Tensor:
-    """fp32 logits ``τ Q Kᵀ`` ``(B, Hkv, G, Sq, Sk)`` with invisible keys set to -inf."""
+def _masked_logits(qs, ks, scale, causal, window, *, shift=None, softcap=None) -> torch.Tensor:
+    """fp32 logits ``τ Q Kᵀ`` ``(B, Hkv, G, Sq, Sk)`` with invisible keys set to -inf.
+
+    ``shift (B, Hkv, G, Sq)``: added to each row before the cap (K-smoothing's τ q_i·μ, see
+    :func:`smoothing_shift`); ``softcap`` c: each logit becomes c·tanh(s / c). The mask is applied
+    last, so a masked key stays -inf (tanh would bound it at -c).
+    """
     logits = _scores(qs, ks) * scale
+    if shift is not None:
+        logits = logits + shift[..., None]
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     mask = dense_mask(qs.shape[-2], ks.shape[-2], causal=causal, window=window, device=qs.device)
     return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
+
+
+def smoothing_shift(q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
+                    softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """τ q_i·μ ``(B, Hq, Sq)`` fp32: what K-smoothing took off row i of S, when it must be put back.
+
+    Softmax does not see a row constant, so plain smoothed logits are used as they are. With a cap
+    c·tanh((s − τ q·μ) / c) is not the capped logit minus a constant, and with a sink the constant
+    would move every logit against σ_h, which it does not shift: with either, the constant is added
+    back before the cap (from the unquantized q: the constant is exact; μ per sequence and kv head,
+    :func:`..transforms.query_key_means`, which the kernels' launchers call too). The rotation
+    changes no logit and needs nothing. None when nothing is to be added.
+    """
+    if not config.smooth_k or (softcap is None and sinks is None):
+        return None
+    return query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
+
+
+def _rows_of(x: torch.Tensor | None, hkv: int) -> torch.Tensor | None:
+    """A per-row value ``(B, Hq, S)`` viewed ``(B, Hkv, G, S)``."""
+    return None if x is None else _grouped(x[..., None], hkv)[..., 0]
+
+
+def _sink_logits(sinks: torch.Tensor | None, b: int, hkv: int, sq: int) -> torch.Tensor | None:
+    """The sinks ``(Hq,)`` as one logit per query row, ``(B, Hkv, G, Sq)`` fp32 (a broadcast view)."""
+    if sinks is None:
+        return None
+    return sinks.float().reshape(1, hkv, -1, 1).expand(b, hkv, sinks.shape[0] // hkv, sq)
+
+
+def _sink_grad(ds_sink: torch.Tensor) -> torch.Tensor:
+    """dσ_h = Σ over the batch and rows of one query head of ``ds_sink (B, Hkv, G, Sq)``: ``(Hq,)``
+    fp32 (a fixed-order reduction: deterministic)."""
+    return ds_sink.sum(dim=(0, 3)).reshape(-1)
 
 
 def _probabilities(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -86,14 +140,22 @@ class RowNormaliser(NamedTuple):
     lse: torch.Tensor
 
 
-def row_normaliser(logits: torch.Tensor) -> RowNormaliser:
-    """:class:`RowNormaliser` of fp32 ``logits (..., Sk)`` (-inf where a key is masked)."""
+def row_normaliser(logits: torch.Tensor, sink: torch.Tensor | None = None) -> RowNormaliser:
+    """:class:`RowNormaliser` of fp32 ``logits (..., Sk)`` (-inf where a key is masked).
+
+    ``sink (...)``: one more logit per row in the normaliser only: m = max(max_j s_j, σ),
+    l = Σ_j exp(s_j − m) + exp(σ − m). A NaN sink makes its rows NaN.
+    """
     if logits.shape[-1] == 0:  # no keys at all (an empty packed sequence)
-        m = logits.new_zeros(logits.shape[:-1])
+        m = logits.new_full(logits.shape[:-1], float("-inf"))
     else:
         m = logits.amax(dim=-1)
-        m = torch.where(m == float("-inf"), 0.0, m)
+    if sink is not None:
+        m = torch.maximum(m, sink)
+    m = torch.where(m == float("-inf"), 0.0, m)
     l = torch.exp(logits - m[..., None]).sum(dim=-1)  # masked keys: exp(-inf) = 0
+    if sink is not None:
+        l = l + torch.exp(sink - m)
     lse = torch.where(l == 0, float("-inf"), m + torch.log(l))
     return RowNormaliser(m, l, lse)
 
@@ -169,12 +231,13 @@ def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -
     return q_op, k_op, factor
 
 
-def _dense_forward(q, k, v, scale, causal, window, config):
+def _dense_forward(q, k, v, scale, causal, window, config, softcap, sinks, shift):
+    """One sequence; ``shift (B, Hq, Sq)`` or None: :func:`smoothing_shift`'s rows of it."""
     hkv = k.shape[1]
     qs, ks, factor = qk_operands(_grouped(q, hkv), k, config)
     vs = _fq_col(v, config.v_format, config.block_k, config)
-    logits = _masked_logits(qs, ks, scale * factor, causal, window)
-    norm = row_normaliser(logits)
+    logits = _masked_logits(qs, ks, scale * factor, causal, window, shift=_rows_of(shift, hkv), softcap=softcap)
+    norm = row_normaliser(logits, _sink_logits(sinks, q.shape[0], hkv, q.shape[2]))
     out = _rows_times(_forward_p(logits, norm, config), vs)
     return out.reshape(q.shape).to(q.dtype), norm.lse.reshape(q.shape[:-1])
 
@@ -193,30 +256,53 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float()
 
 
-def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want_internals):
+def _backward_lse(logits: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """The matched backward's own LSE' ``(...)`` of ``logits (..., Sk)``, the sink (one logit per
+    row) in the normaliser."""
+    if sink is None:
+        return torch.logsumexp(logits, dim=-1)
+    return torch.logsumexp(torch.cat([logits, sink[..., None]], dim=-1), dim=-1)
+
+
+def _cap_derivative(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    """d s̃ / d s = 1 − (s̃ / c)² of the capped ``logits`` s̃ ``(..., Sk)``; 0 at masked keys (-inf),
+    whose dS̃ is 0 (a product with -inf there would be NaN)."""
+    return torch.where(logits == float("-inf"), 0.0, 1.0 - (logits / softcap) ** 2)
+
+
+def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, softcap, sinks, shift, want_internals):
+    """One sequence; ``shift``: as for :func:`_dense_forward` (read by the FP8 backward only: the
+    hybrid one's bf16 logits are not smoothed)."""
     hkv = k.shape[1]
     qg, dog = _grouped(q, hkv), _grouped(dout, hkv)
     fp8 = config.backward is BackwardPrecision.FP8
     if fp8:
         # B1 and B2: identical quantization to F1, so the logits are bit-identical to the forward's.
         qs, ks, factor = qk_operands(qg, k, config)
+        shift = _rows_of(shift, hkv)
         dp = _scores(_fq_row(dog, config.do_format, config.qdo_scales, config),
                      _fq_row(v, config.v_format, config.kv_scales, config))
     else:
-        qs, ks, factor = _bf16(qg), _bf16(k), 1.0
+        qs, ks, factor, shift = _bf16(qg), _bf16(k), 1.0, None
         dp = _scores(_bf16(dog), _bf16(v))
-    logits = _masked_logits(qs, ks, scale * factor, causal, window)
+    logits = _masked_logits(qs, ks, scale * factor, causal, window, shift=shift, softcap=softcap)
+    sink = _sink_logits(sinks, q.shape[0], hkv, q.shape[2])
     matched = config.delta is DeltaMode.MATCHED
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
     # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
-    lse_b = torch.logsumexp(logits, dim=-1) if matched else _grouped(lse[..., None], hkv)[..., 0]
+    lse_b = _backward_lse(logits, sink) if matched else _grouped(lse[..., None], hkv)[..., 0]
     p = _probabilities(logits, lse_b)
     if matched:
-        delta = (p * dp).sum(dim=-1)
+        delta = (p * dp).sum(dim=-1)  # over the keys: the sink has no value, dP_sink = 0
     else:
         delta = (dog.float() * _grouped(out, hkv).float()).sum(dim=-1)
-    ds = p * (dp - delta[..., None])
+    ds = p * (dp - delta[..., None])  # the softmax input's gradient (dS̃ with a cap)
+    p_sink = ds_sink = None
+    if sink is not None:
+        p_sink = _probabilities(sink[..., None], lse_b)[..., 0]
+        ds_sink = -p_sink * delta
+    ds_logits = ds if softcap is None else ds * _cap_derivative(logits, softcap)
     if fp8:
         pow2, bq, bk = config.pow2_scales, config.block_q, config.block_k
         # B3 dV = Pᵀ dO: contraction over queries -> P per column within each query tile (or the
@@ -225,39 +311,55 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, want
         # B4 dQ = dS K: contraction over keys -> dS per row within each key tile, K (untransformed)
         # by config.channel_scales.
         dq = _rows_times(
-            fake_quantize(ds, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2),
+            fake_quantize(ds_logits, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2),
             _fq_col(k, config.k_format, bk, config),
         )
         # B5 dK = dSᵀ Q: contraction over queries -> dS per column within each query tile, Q by
         # config.channel_scales.
         dk = _cols_times(
-            fake_quantize(ds, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2),
+            fake_quantize(ds_logits, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2),
             _fq_col(qg, config.q_format, bq, config),
         )
     else:
         dv = _cols_times(_bf16(p), _bf16(dog))
-        dq = _rows_times(_bf16(ds), _bf16(k))
-        dk = _cols_times(_bf16(ds), _bf16(qg))
+        dq = _rows_times(_bf16(ds_logits), _bf16(k))
+        dk = _cols_times(_bf16(ds_logits), _bf16(qg))
     grads = ((dq * scale).reshape(q.shape).to(q.dtype), (dk * scale).to(k.dtype), dv.to(v.dtype))
-    internals = BackwardInternals(p=p, dp=dp, delta=delta, ds=ds) if want_internals else None
+    if sink is not None:
+        grads += (_sink_grad(ds_sink),)
+    internals = None
+    if want_internals:
+        internals = BackwardInternals(p=p, dp=dp, delta=delta, ds=ds, p_sink=p_sink, ds_sink=ds_sink)
     return grads, internals
 
 
 def emulated_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: MaskSpec,
+    config: FP8AttentionConfig,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward. Returns ``out (B, Hq, Sq, D)`` (q's dtype) and ``lse (B, Hq, Sq)`` fp32.
 
-    With ``mask.is_varlen`` the batch must be 1 and the token axis holds the packed sequences;
-    tokens outside every sequence get output 0 and LSE -inf.
+    ``softcap``, ``sinks (Hq,)``: the logit modifiers of the module docstring (LSE includes the
+    sink). With ``mask.is_varlen`` the batch must be 1 and the token axis holds the packed
+    sequences; tokens outside every sequence get output 0 and LSE -inf.
     """
+    mods = (softcap, sinks)
+    shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
-        return _dense_forward(q, k, v, scale, mask.causal, mask.window, config)
+        return _dense_forward(q, k, v, scale, mask.causal, mask.window, config, *mods, shift)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     for qs, qe, ks, ke in mask.sequence_bounds():
         out[:, :, qs:qe], lse[:, :, qs:qe] = _dense_forward(
-            q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window, config
+            q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], scale, mask.causal, mask.window, config, *mods,
+            None if shift is None else shift[:, :, qs:qe],
         )
     return out, lse
 
@@ -273,6 +375,8 @@ def emulated_backward(
     scale: float,
     mask: MaskSpec,
     config: FP8AttentionConfig,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     return_internals: bool = False,
 ):
     """FP8 (or hybrid bf16) attention backward with the matched or stale delta.
@@ -283,23 +387,33 @@ def emulated_backward(
             for ``delta="matched"``).
         lse: the forward's LSE ``(B, Hq, Sq)`` fp32.
         dout: ``(B, Hq, Sq, D)`` gradient of the output.
+        softcap, sinks: the forward's logit modifiers (module docstring).
     Returns:
-        ``(dq, dk, dv)`` in the inputs' dtypes, and with ``return_internals`` also a list of
-        :class:`BackwardInternals` (one per packed sequence; one entry for a dense batch).
+        ``(dq, dk, dv)`` in the inputs' dtypes, followed with ``sinks`` by their gradient
+        ``dsinks (Hq,)`` fp32 (summed over the batch and the packed sequences); with
+        ``return_internals`` also a list of :class:`BackwardInternals` (one per packed sequence;
+        one entry for a dense batch).
     """
     if config.delta is DeltaMode.STALE and out is None:
         raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
-    args = (scale, mask.causal, mask.window, config, return_internals)
+    args = (scale, mask.causal, mask.window, config, softcap, sinks)
+    shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
-        grads, internals = _dense_backward(q, k, v, out, lse, dout, *args)
+        grads, internals = _dense_backward(q, k, v, out, lse, dout, *args, shift, return_internals)
         return (grads, [internals]) if return_internals else grads
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=torch.float32, device=q.device)
     all_internals = []
     for qs, qe, ks, ke in mask.sequence_bounds():
         sq, sk = slice(qs, qe), slice(ks, ke)
         out_i = None if out is None else out[:, :, sq]
-        (dq[:, :, sq], dk[:, :, sk], dv[:, :, sk]), internals = _dense_backward(
-            q[:, :, sq], k[:, :, sk], v[:, :, sk], out_i, lse[:, :, sq], dout[:, :, sq], *args
+        part, internals = _dense_backward(
+            q[:, :, sq], k[:, :, sk], v[:, :, sk], out_i, lse[:, :, sq], dout[:, :, sq], *args,
+            None if shift is None else shift[:, :, sq], return_internals,
         )
+        dq[:, :, sq], dk[:, :, sk], dv[:, :, sk] = part[:3]
+        if dsinks is not None:
+            dsinks += part[3]  # sequences in order: deterministic
         all_internals.append(internals)
-    return ((dq, dk, dv), all_internals) if return_internals else (dq, dk, dv)
+    grads = (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+    return (grads, all_internals) if return_internals else grads

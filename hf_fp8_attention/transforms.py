@@ -9,6 +9,9 @@ Both leave softmax(τ QKᵀ) unchanged and only move the quantization error (doc
 - The rotation multiplies Q and K along the head dim by H, block-diagonal with ±1 Sylvester
   Hadamard blocks of :func:`hadamard_block` channels: H Hᵀ = block · I, so QKᵀ = (QH)(KH)ᵀ / block
   (the 1/block joins the softmax scale; a ±1 matrix keeps the rotated values exact sums).
+
+With a logit soft-cap or attention sinks the row constant τ q_i·μ is not invisible to the softmax
+and is added back (:func:`query_key_means`, shared by the emulation and the kernels' launchers).
 """
 from __future__ import annotations
 
@@ -51,3 +54,27 @@ def key_mean(k: torch.Tensor) -> torch.Tensor:
     if k.shape[-2] == 0:
         return torch.zeros(*k.shape[:-2], 1, k.shape[-1], dtype=torch.float32, device=k.device)
     return k.float().mean(dim=-2, keepdim=True)
+
+
+def query_key_means(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor | None = None,
+                    cu_seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
+    """q_i·μ ``(B, Hq, Sq)`` fp32: each query's dot with the channel mean μ of the keys of its own
+    sequence and kv head (what K-smoothing takes off row i of QKᵀ).
+
+    ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Sk, D)``; with ``cu_seqlens_q/k`` (int ``(n + 1,)``) a packed
+    batch (B = 1): per sequence, by a segment reduction (no host read, a fixed summation order).
+    An empty key sequence has μ = 0; queries outside every sequence get an unspecified value.
+    """
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    qg = q.float().reshape(b, hkv, hq // hkv, sq, d)
+    if cu_seqlens_q is None:
+        return (qg * key_mean(k)[:, :, None]).sum(dim=-1).reshape(b, hq, sq)
+    cu_k, cu_q = cu_seqlens_k.long(), cu_seqlens_q.long()
+    n = cu_k.numel() - 1
+    # One more segment for the keys after the last sequence, so the lengths cover every token.
+    lengths = torch.cat([cu_k[1:] - cu_k[:-1], (sk - cu_k[-1:]).clamp(min=0)])
+    means = torch.segment_reduce(k[0].float().transpose(0, 1), "mean", lengths=lengths, axis=0, initial=0.0)
+    seq_of_query = torch.searchsorted(cu_q[1:], torch.arange(sq, device=q.device), right=True).clamp(max=max(n - 1, 0))
+    mu = means[:n].transpose(0, 1)[:, seq_of_query] if n > 0 else torch.zeros(hkv, sq, d, device=q.device)
+    return (qg[0] * mu[:, None]).sum(dim=-1).reshape(1, hq, sq)

@@ -466,14 +466,22 @@ def test_dropout_is_rejected():
         model(tokens(1, 8))
 
 
-@pytest.mark.parametrize("kwarg, match", [("softcap", "soft-capping"), ("s_aux", "sinks")])
-def test_softcap_and_sinks_are_rejected(kwarg, match):
+@pytest.mark.parametrize("kwargs", [{"softcap": 2.0}, {"s_aux": torch.tensor([0.5, -1.0])}], ids=["softcap", "s_aux"])
+def test_softcap_and_sinks_are_passed_to_the_op(kwargs):
+    """Gemma 2's ``softcap`` and GPT-OSS's ``s_aux`` reach fp8_attention (the families themselves:
+    test_integration_softcap_sinks); a bad value gets the op's error."""
     model = tiny_model("llama")
     attn = AttentionInterface()["fp8_delta"]
     q = torch.randn(1, 2, 8, 64)
     kv = torch.randn(1, 1, 8, 64)
-    with pytest.raises(NotImplementedError, match=match):
-        attn(model.model.layers[0].self_attn, q, kv, kv, None, **{kwarg: torch.tensor(1.0)})
+    out, _ = attn(model.model.layers[0].self_attn, q, kv, kv, None, **kwargs)
+    want = hf_fp8_attention.fp8_attention(q, kv, kv, causal=True, softcap=kwargs.get("softcap"),
+                                          sinks=kwargs.get("s_aux"))
+    assert torch.equal(out, want.transpose(1, 2))
+    assert not torch.equal(out, hf_fp8_attention.fp8_attention(q, kv, kv, causal=True).transpose(1, 2))
+    bad = {"softcap": -1.0} if "softcap" in kwargs else {"s_aux": torch.zeros(3)}
+    with pytest.raises(ValueError, match="softcap|sinks"):
+        attn(model.model.layers[0].self_attn, q, kv, kv, None, **bad)
 
 
 def test_chunked_attention_is_rejected():

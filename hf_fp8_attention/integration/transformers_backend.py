@@ -46,9 +46,12 @@ The recipe is bound per registered name: ``"fp8_delta"`` / ``"fp8_stale"`` use
 Transformers does not save the attention implementation with a checkpoint: pass
 ``attn_implementation=...`` again to ``from_pretrained`` (after ``import hf_fp8_attention``).
 
+Logit soft-capping (Gemma 2's ``softcap`` kwarg) and attention sinks (GPT-OSS's ``s_aux``, one
+learned logit per query head) are passed to :func:`hf_fp8_attention.fp8_attention`: the PyTorch
+emulation runs them; the Triton kernels raise NotImplementedError for them (for now).
+
 Anything the FP8 recipe cannot honour raises a clear error rather than being dropped: dropout,
-logit softcapping, attention sinks (``s_aux``), 4D or custom mask functions, chunked attention and
-unsupported head dims. ``output_attentions=True`` gets one warning and ``None`` weights (as sdpa).
+4D or custom mask functions, chunked attention and unsupported head dims. ``output_attentions=True`` gets one warning and ``None`` weights (as sdpa).
 """
 from __future__ import annotations
 
@@ -143,10 +146,6 @@ def _reject_unsupported(module: torch.nn.Module, dropout: float, kwargs: dict) -
             f"FP8 attention does not implement attention dropout (got dropout={dropout}); set the model's "
             "attention_dropout to 0.0 (e.g. config.attention_dropout = 0.0) or use attn_implementation='sdpa'"
         )
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("FP8 attention does not support attention logit soft-capping (`softcap`)")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("FP8 attention does not support attention sinks (`s_aux`)")
     if getattr(getattr(module, "config", None), "attention_chunk_size", None):
         raise NotImplementedError("FP8 attention does not support chunked attention (config.attention_chunk_size)")
     if kwargs.get("output_attentions", False):
@@ -258,7 +257,8 @@ def fp8_attention_forward(
         attention_mask: None or the 2D padding mask ``(B, Sk)`` from :func:`fp8_padding_mask`.
         dropout, scaling, is_causal: as for sdpa (dropout must be 0).
         fp8_config: the recipe, bound at registration.
-        kwargs: ``sliding_window``, ``position_ids (B, Sq)``, ``cu_seq_lens_q/k`` (packed batches), ...
+        kwargs: ``sliding_window``, ``position_ids (B, Sq)``, ``cu_seq_lens_q/k`` (packed batches),
+            ``softcap`` (float), ``s_aux`` (the sinks, ``(Hq,)``), ...
     Returns:
         ``(B, Sq, Hq, D)`` contiguous in the query dtype, and ``None`` (no attention weights).
     """
@@ -267,7 +267,8 @@ def fp8_attention_forward(
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     window = kwargs.get("sliding_window")
     window = int(window) if window is not None else None
-    call = dict(causal=causal, scale=scaling, window=window, config=fp8_config)
+    call = dict(causal=causal, scale=scaling, window=window, config=fp8_config, softcap=kwargs.get("softcap"),
+                sinks=kwargs.get("s_aux"))
 
     if query.device.type == "meta":
         # Shape inference / meta-device init: no values to read; the output shape does not depend
