@@ -31,6 +31,10 @@ class FP8Format(str, enum.Enum):
     def max(self) -> float:
         return _format_max(self)  # 448 for E4M3, 57344 for E5M2
 
+    @property
+    def mantissa_bits(self) -> int:
+        return 3 if self is FP8Format.E4M3 else 2
+
 
 @functools.lru_cache(maxsize=None)
 def _format_max(fmt: FP8Format) -> float:

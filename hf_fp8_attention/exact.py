@@ -13,10 +13,10 @@ import torch
 from .masking import MaskSpec, dense_mask
 
 
-def _dense_exact(q, k, v, scale, causal, window, softcap=None, sinks=None):
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1)
-    v = v.repeat_interleave(groups, dim=1)
+def _dense_probs(q, k, scale, causal, window, softcap=None, sinks=None):
+    """P ``(B, Hq, Sq, Sk)`` of one dense problem (k with Hkv heads; rows without keys are 0; with
+    ``sinks (Hq,)`` each row's P sums to 1 minus its sink's share)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     logits = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
@@ -28,8 +28,30 @@ def _dense_exact(q, k, v, scale, causal, window, softcap=None, sinks=None):
     else:
         sink = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
         lse = torch.logsumexp(torch.cat([logits, sink], dim=-1), dim=-1, keepdim=True)
-    p = torch.where(logits == float("-inf"), 0.0, torch.exp(logits - lse))
-    return p @ v
+    return torch.where(logits == float("-inf"), 0.0, torch.exp(logits - lse))
+
+
+def _dense_exact(q, k, v, scale, causal, window, softcap=None, sinks=None):
+    p = _dense_probs(q, k, scale, causal, window, softcap, sinks)
+    return p @ v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+
+
+def exact_softmax_terms(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *, scale: float | None = None,
+    mask: MaskSpec | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """float64 ``(P, dS)`` of each sequence (one pair for a dense call; per packed sequence in
+    varlen), both ``(B, Hq, Sq_seq, Sk_seq)``: P = softmax(S), dS = P ∘ (dP − D) for upstream ``dout``."""
+    mask = mask or MaskSpec()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k, v, dout = q.double(), k.double(), v.double(), dout.double()
+    spans = [(0, q.shape[2], 0, k.shape[2])] if not mask.is_varlen else mask.sequence_bounds()
+    terms = []
+    for qs, qe, ks, ke in spans:
+        p = _dense_probs(q[:, :, qs:qe], k[:, :, ks:ke], scale, mask.causal, mask.window)
+        dp = dout[:, :, qs:qe] @ v[:, :, ks:ke].repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2)
+        terms.append((p, p * (dp - (p * dp).sum(-1, keepdim=True))))
+    return terms
 
 
 def exact_attention(

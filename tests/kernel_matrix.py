@@ -21,6 +21,7 @@ The list is generated in code from a fixed seed: the same cases on every run and
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -195,3 +196,81 @@ def coverage(cases: list[Case]) -> dict[str, set]:
         "empty_padded_row": {0 in c.rows for c in cases if c.rows},
         "empty_sequence": {any(k == 0 for _, k in c.seqs) for c in cases if c.seqs},
     }
+
+
+# Small-sample bounds. The GPU tests' bounds (O_REL, GRAD_REL, LSE_ABS) are typical sizes of the FP8
+# MMA's accumulation noise on problems of hundreds of rows and keys, where the P / dS codes that
+# flip at a rounding boundary are many and their share concentrates at the flip rate. A matrix case
+# may have a handful of terms (one query, a window of 2): there the share of flipped terms is a
+# small Poisson count over few terms, and one flip of a dominant term can move ‖Δ‖/‖ref‖ by about a
+# code step. The bounds below are the same noise model taken at that count:
+#   ‖Δ‖/‖ref‖ <= max(base, step_rms · sqrt(k_max / n_eff))
+# with n_eff = (Σ t²)² / Σ t⁴ the effective number of terms t (P for O and dV, dS for dQ and dK, in
+# float64 from the inputs), flip rates f from the GPU tests' docstrings (1% of P codes, 0.2% of dS
+# codes), k_max the count a Poisson(f · n_eff) exceeds with probability below 1e-4, and step_rms
+# the rms move of one flip relative to its term (one code step, 2^-mantissa, over √3). At the
+# tests' sizes this gives back the base bounds.
+# LSE: |ΔLSE| is at most the logits' own accumulation error. Hopper's FP8 MMA adds each 32-wide
+# slice of a dot into an accumulator kept to ~14 bits, so |Δs| <= (D/32) · 2^-14 · τ Σ_d |q_d k_d|
+# <= (D/32) · 2^-14 · τ ‖q‖ (‖k‖ + ‖μ‖) (rotations keep norms; K-smoothing subtracts the keys' mean μ,
+# ‖μ‖ <= max ‖k‖); the base LSE_ABS is that model's typical size on unit-normal inputs.
+FLIP_RATE = {"o": 1e-2, "grad": 2e-3}
+TAIL = 1e-4
+
+
+def poisson_upper(lam: float, tail: float = TAIL) -> int:
+    """The smallest k with P(Poisson(lam) > k) < tail."""
+    k, pmf = 0, math.exp(-lam)
+    cdf = pmf
+    while 1.0 - cdf >= tail:
+        k += 1
+        pmf *= lam / k
+        cdf += pmf
+    return k
+
+
+def effective_terms(terms: list[torch.Tensor]) -> float:
+    """(Σ t²)² / Σ t⁴ over every element of ``terms``: how many terms carry the sum of squares."""
+    s2 = sum(float((t * t).sum()) for t in terms)
+    s4 = sum(float((t * t * t * t).sum()) for t in terms)
+    return s2 * s2 / s4 if s4 > 0 else float("inf")
+
+
+def flip_bound(base: float, n_eff: float, rate: float, mantissa_bits: int) -> float:
+    """``base``, or the noise model's bound at ``n_eff`` terms when that is larger (see above)."""
+    if not math.isfinite(n_eff):
+        return base
+    step_rms = 2.0 ** -mantissa_bits / math.sqrt(3.0)
+    return max(base, step_rms * math.sqrt(poisson_upper(rate * n_eff) / n_eff))
+
+
+def noise_bounds(case: Case, q, k, v, dout, mask, o_rel: float, lse_abs: float, grad_rel: float) -> dict:
+    """The bounds for ``case`` (inputs as :func:`build` gives them): ``o``, ``lse``, ``dq``, ``dk``,
+    ``dv`` (before the bf16/fp16 output rounding the caller adds)."""
+    from hf_fp8_attention.exact import exact_softmax_terms
+
+    config = case.config()
+    scale = case.d**-0.5
+    pieces = exact_softmax_terms(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), scale=scale, mask=mask_on_cpu(mask))
+    n_p = effective_terms([p for p, _ in pieces])
+    n_ds = effective_terms([ds for _, ds in pieces])
+    p_bits, ds_bits = config.p_format.mantissa_bits, config.ds_format.mantissa_bits
+    qn = q.detach().double().norm(dim=-1).max().item()
+    kn = k.detach().double().norm(dim=-1).max().item()
+    lse_model = (max(case.d, 32) / 32) * 2.0**-14 * scale * qn * 2 * kn
+    return {
+        "o": flip_bound(o_rel, n_p, FLIP_RATE["o"], p_bits),
+        "lse": max(lse_abs, lse_model),
+        "dv": flip_bound(grad_rel, n_p, FLIP_RATE["grad"], p_bits),
+        "dq": flip_bound(grad_rel, n_ds, FLIP_RATE["grad"], ds_bits),
+        "dk": flip_bound(grad_rel, n_ds, FLIP_RATE["grad"], ds_bits),
+    }
+
+
+def mask_on_cpu(mask: MaskSpec) -> MaskSpec:
+    """``mask`` with its cu_seqlens on the CPU (the float64 oracle runs there)."""
+    import dataclasses
+
+    if not mask.is_varlen:
+        return mask
+    return dataclasses.replace(mask, cu_seqlens_q=mask.cu_seqlens_q.cpu(), cu_seqlens_k=mask.cu_seqlens_k.cpu())

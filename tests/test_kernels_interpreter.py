@@ -248,8 +248,27 @@ def _stats_case(varlen: bool, d: int):
     return ok
 
 
+def _huge_logits_case(a: float):
+    """q = k = a·1, v = 1, causal (tile recipe: no smoothing, so the logits stay huge): the exact
+    output is 1. Such rows take the forward's exact second pass (kernels/forward.py, HUGE_LOG2)."""
+    import torch
+
+    from hf_fp8_attention import RECIPES
+    from hf_fp8_attention.kernels.forward import triton_forward
+    from hf_fp8_attention.masking import MaskSpec
+
+    q = torch.full((1, 1, 40, 64), a)
+    out, lse = triton_forward(q, q, torch.ones_like(q), scale=0.125, mask=MaskSpec(causal=True),
+                              config=RECIPES["fp8_delta_tile"].replace(block_k=16), block_m=16)
+    exact_lse = 0.125 * a * a * 64 + torch.log(torch.arange(1, 41, dtype=torch.float64))  # log(n e^s)
+    return {"max_err": (out.double() - 1).abs().max().item(),
+            "lse_rel": ((lse[0, 0].double() - exact_lse).abs() / exact_lse).max().item()}
+
+
 def _run_all():
     results = {}
+    for a in (100.0, 1000.0, 3000.0):
+        results[f"huge/{a:g}"] = _huge_logits_case(a)
     for varlen in (False, True):
         for d in (64, 96):
             results[f"stats/{'varlen' if varlen else 'dense'}_d{d}"] = _stats_case(varlen, d)
@@ -266,6 +285,15 @@ def interpreter_results():
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("a", ["100", "1000", "3000"])
+def test_huge_logits_keep_rows_normalised(interpreter_results, a):
+    """Logits 8e4 to 7e7: every P code is the row max's (448), so the output is 1 to fp32 rounding;
+    the LSE to fp32's relative rounding of the logit (2^-24, a few ulps after the log2 conversions)."""
+    r = interpreter_results[f"huge/{a}"]
+    assert r["max_err"] < 1e-5, r
+    assert r["lse_rel"] < 1e-6, r
 
 
 @pytest.mark.parametrize("name", sorted(FORWARD_CASES))

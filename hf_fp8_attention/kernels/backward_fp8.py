@@ -47,7 +47,7 @@ import triton.language as tl
 
 from .backward_quant import cast_saturating
 from .constants import LOG2E_C
-from .quantize import abs_max, scale_from_amax
+from .quantize import abs_max, mul_rounded, scale_from_amax
 from .tiles import key_tiles, query_tiles, seq_bounds, tile_slot, visible
 
 
@@ -99,12 +99,14 @@ def _vec(ptrs, ok, other, MASKED: tl.constexpr):
 
 @triton.jit
 def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
-            BLOCK_D: tl.constexpr, MASKED: tl.constexpr, KV_HEAD: tl.constexpr):
+            BLOCK_D: tl.constexpr, MASKED: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr):
     """S (log2 units) and dP' = dP / sdo (dO's row scale left out, see the module docstring), both
     (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one key tile, from the row-wise
     codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales. KV_HEAD: K's and V's scales
     are one per (sequence, head), folded by the caller into ``sq`` and into dO's row scale, so
-    neither product is scaled per key here."""
+    neither product is scaled per key here. dP' is rounded by itself (:func:`.quantize.mul_rounded`):
+    dS = P (dP' − D') must be exactly 0 where D' = dP' (a query that sees one key), which an FMA of
+    the unrounded product with −D' is not."""
     k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     if KV_HEAD:
@@ -114,7 +116,7 @@ def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, off
         sk = _vec(krs_base + keys, col_ok, 1.0, MASKED)
         sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
         s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
-        dp = tl.dot(do8, tl.trans(v8), out_dtype=tl.float32) * sv[None, :]
+        dp = mul_rounded(tl.dot(do8, tl.trans(v8), out_dtype=tl.float32), sv[None, :], INTERPRET)
     return s, dp
 
 
@@ -145,7 +147,7 @@ def _dq_stats_tiles(
     m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KV_HEAD: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
     running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'). Masks
@@ -156,7 +158,7 @@ def _dq_stats_tiles(
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
-                        offs_d, BLOCK_D, MASKED, KV_HEAD)
+                        offs_d, BLOCK_D, MASKED, KV_HEAD, INTERPRET)
         vis = None  # interior tiles: every pair is visible
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -186,7 +188,7 @@ def _dq_tiles(
         col_ok = offs_n < k_len  # read only if MASKED
         keys = k_start + offs_n
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
-                        offs_d, BLOCK_D, MASKED, KV_HEAD)
+                        offs_d, BLOCK_D, MASKED, KV_HEAD, INTERPRET)
         p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -285,14 +287,14 @@ def bwd_dq_fp8_kernel(
         if HAS_WINDOW:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                             kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo,
-                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
+                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
         m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                         kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
-                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
+                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
         if CAUSAL or HAS_WINDOW or not ALIGNED:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
                                             kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi,
-                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD)
+                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
@@ -383,7 +385,7 @@ def _dkdv_tiles(
             if KV_HEAD:
                 dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32)
             else:
-                dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32) * sv[:, None]
+                dpt = mul_rounded(tl.dot(v8, tl.trans(do8), out_dtype=tl.float32), sv[:, None], INTERPRET)  # see _scores
             lse2do = _vec(lse2do_base + rows, row_ok, float("-inf"), MASKED)
             ptdo = tl.math.exp2(st - lse2do[None, :])  # P'ᵀ = Pᵀ · sdo
             if MASKED:

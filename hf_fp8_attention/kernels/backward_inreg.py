@@ -11,6 +11,7 @@ import triton.language as tl
 from .backward_fp8 import fold_matched_stats
 from .backward_quant import quant_cols, quant_rows
 from .constants import LOG2E_C
+from .quantize import mul_rounded
 from .tiles import seq_bounds, visible
 
 
@@ -71,10 +72,12 @@ def _col_operands(x, FP8: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexp
 
 
 @triton.jit
-def _scores(q_op, sq_row, k_op, sk_row, vo_op, sdo_row, v_op, sv_row):
-    """S (log2 units, scale folded into sq_row) and dP, both (BQ, BK) fp32."""
+def _scores(q_op, sq_row, k_op, sk_row, vo_op, sdo_row, v_op, sv_row, INTERPRET: tl.constexpr):
+    """S (log2 units, scale folded into sq_row) and dP, both (BQ, BK) fp32. dP is rounded by itself
+    so that dP − D is exactly 0 where D = dP (see backward_fp8._scores)."""
     s = tl.dot(q_op, tl.trans(k_op), out_dtype=tl.float32) * sq_row[:, None] * sk_row[None, :]
-    dp = tl.dot(vo_op, tl.trans(v_op), out_dtype=tl.float32) * sdo_row[:, None] * sv_row[None, :]
+    dp = mul_rounded(tl.dot(vo_op, tl.trans(v_op), out_dtype=tl.float32) * sdo_row[:, None], sv_row[None, :],
+                     INTERPRET)
     return s, dp
 
 
@@ -157,7 +160,7 @@ def bwd_dq_inreg_kernel(
             v = _load_tile(v_base, k_start + offs_n, col_ok, offs_d, d_ok, svs, svd)
             k_op, sk = _row_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
             v_op, sv = _row_operands(v, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
-            s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv)
+            s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
             vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
             m_i, l_i, u_i = fold_matched_stats(m_i, l_i, u_i, s, dp, vis, True)
@@ -185,7 +188,7 @@ def bwd_dq_inreg_kernel(
         v = _load_tile(v_base, k_start + offs_n, col_ok, offs_d, d_ok, svs, svd)
         k_op, sk = _row_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
         v_op, sv = _row_operands(v, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
-        s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv)
+        s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
         vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
         p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
         ds = p * (dp - delta[:, None])
@@ -281,7 +284,7 @@ def bwd_dkdv_inreg_kernel(
             delta = tl.load(DELTA + stat_base + rows, mask=row_ok, other=0.0)
             q_op, sq = _row_operands(q, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
             do_op, sdo = _row_operands(do, FP8, DO_MAX, POW2, DO_DTYPE, INTERPRET)
-            s, dp = _scores(q_op, sq * qk_scale, k_op, sk, do_op, sdo, v_op, sv)
+            s, dp = _scores(q_op, sq * qk_scale, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
             vis = _visible(offs_m + shift, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
             ds = p * (dp - delta[:, None])

@@ -27,6 +27,13 @@ more than G = REF_SLACK below the running max m::
                                                            the MMA, sv applied to O once)
     O     = acc / l,  LSE = ln2 · (r_last + log2 l − log2 448)
 
+m and r are held in the units of x = s / q2 (the row's logit before its factor q2 = τ·log2 e·sq),
+and an exponent is (x − r_T)·q2 + log2 448: exactly log2 448 for the element that sets the
+reference, at any magnitude of the logits. Formed from log2 units as one FMA, x·q2 − (r_T − log2 448),
+the rounding of r_T moved the max's exponent past log2 448 beyond |s| ~ 1e6: a saturated code (448)
+counted in l in full gave outputs of 0.70-0.97 instead of 1 at logits 8e6 and 7e7 on the H200. The
+exact form costs one add per score (2-6% of the forward; benchmarks/NOTES.md).
+
 Where r_T = m_T (every tile within 2^G of the running max) the codes C depend only on the tile's
 own max, equal the emulation's up to the rounding of exp, and the kernel matches the emulation to
 accumulation-order noise. Where r_T > m_T the tile's largest term is below 2^-G of the row's, and
@@ -59,8 +66,8 @@ from .autotune import LaunchTuner
 from .constants import LOG2E
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, padded_head_dim, quantize_operands,
-    scale_from_amax, to_fp8,
+    COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
+    quantize_operands, scale_from_amax, to_fp8,
 )
 from .operands import copies_for, logit_factor, stats_for
 
@@ -71,15 +78,16 @@ REF_SLACK = 32.0
 
 @triton.jit
 def _visit_tiles(
-    acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q,
+    acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q,
     k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
     t_lo, t_hi, kv_len, window,
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
+    KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
+    m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring).
 
     K_HEAD: K has one row scale per (sequence, head), folded into ``q_scale2`` by the caller, so
     the logits skip the per-key scale. V_SEQ: V's channel scales are the sequence's (the same in
@@ -123,11 +131,13 @@ def _visit_tiles(
                 k_scale = tl.load(ks_base + offs_n)
             v_codes = tl.load(v_ptrs)
         # x = (Qc Kcᵀ)·sk; the logit in log2 units is s = q_scale2 · x with q_scale2 > 0, so the
-        # row max commutes with the row factor and exponents are one FMA: q2·x − q2·max(x).
+        # row max commutes with the row factor and the running max and references stay in x units.
         if K_HEAD:
             x = tl.dot(q_codes, k_codes)
         else:
-            x = tl.dot(q_codes, k_codes) * k_scale[None, :]
+            # Rounded by itself: an FMA of the unrounded product with the reference below would leave
+            # the product's rounding residual in the max element's exponent.
+            x = mul_rounded(tl.dot(q_codes, k_codes), k_scale[None, :], INTERPRET)
         if MASKED:
             if KV_ALIGNED:
                 in_range = offs_n[None, :] < kv_len
@@ -135,20 +145,22 @@ def _visit_tiles(
                 in_range = n_ok[None, :]
             vis = visible(in_range, pos_q[:, None], offs_n[None, :], window, CAUSAL, HAS_WINDOW)
             x = tl.where(vis, x, float("-inf"))
-        m_t = tl.max(x, 1) * q_scale2  # the tile's row max, log2 units
+        m_t = tl.max(x, 1)  # the tile's row max, x units
         m_new = tl.maximum(m_i, m_t)
-        # This tile's reference: its own max unless that lies more than REF_SLACK below the running
-        # max (the tile then weighs under BLOCK_N·2^-REF_SLACK of the row; module docstring).
-        r_t = tl.maximum(m_t, m_new - REF_SLACK)
+        # This tile's reference: its own max unless that lies more than REF_SLACK (slack_x = REF_SLACK
+        # / q2 in x units) below the running max (the tile then weighs under BLOCK_N·2^-REF_SLACK of
+        # the row; module docstring).
+        r_t = tl.maximum(m_t, m_new - slack_x)
         if MASKED:
             # Rows with no visible key so far: keep every exponent finite (2^-inf = 0, never NaN).
             r_t_ref = tl.where(r_t == float("-inf"), 0.0, r_t)
         else:
             r_t_ref = r_t
-        p = tl.math.exp2(x * q_scale2[:, None] - (r_t_ref - LOG2_PMAX)[:, None])  # 448·2^(s − r_T)
-        # acc and l move to the new tile's reference: one factor per row, and the tile's P·V joins
-        # with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
-        gamma = tl.math.exp2(r_i - r_t_ref)
+        # 448·2^(s − r_T): exactly 448 where x = r_T, at any magnitude of the logits (module docstring).
+        p = tl.math.exp2((x - r_t_ref[:, None]) * q_scale2[:, None] + LOG2_PMAX)
+        gamma = tl.math.exp2((r_i - r_t_ref) * q_scale2)
+        # acc and l move to the new tile's reference (gamma): one factor per row, and the tile's P·V
+        # joins with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
         if V_SEQ:
@@ -177,7 +189,7 @@ def _fwd_kernel(
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
-    Q_CODES: tl.constexpr,
+    Q_CODES: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
     1/block). Q_CODES: Q comes quantized by the quantization kernel (rotated, with per-token or
@@ -249,8 +261,9 @@ def _fwd_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (log2 units)
-    r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (log2 units)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (x units)
+    r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (x units)
+    slack_x = REF_SLACK / q_scale2  # REF_SLACK in x units
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     # Without a window there are no leading masked tiles (the key range starts at 0), and that loop is not
     # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
@@ -258,25 +271,26 @@ def _fwd_kernel(
     # when Sk is a multiple of BLOCK_N (KV_ALIGNED), and then not compiled either. (A runtime branch
     # around it made the non-causal forward slower: benchmarks/NOTES.md.)
     if HAS_WINDOW:
-        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
                                           kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
-    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
+    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
                                       window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
+                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
     if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
-        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, pos_q, k_base, ks_base, vt_base,
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi,
                                           kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, REF_SLACK, KV_ALIGNED, K_HEAD, V_SEQ)
+                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     if V_SEQ:
         acc = acc * tl.load(vs_base + offs_d)[None, :]  # the sequence's channel scales, once
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (r_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"),
+                   (r_i * q_scale2 + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
     o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
@@ -338,6 +352,7 @@ def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: b
         IS_VARLEN=varlen, POW2=config.pow2_scales, Q_FMAX=config.q_format.max,
         LOG2_PMAX=math.log2(config.p_format.max), Q_DTYPE=tl.float8e4nv, **cast_meta(config.q_format, "Q"),
         **cast_meta(config.p_format, "P"), CVT=cvt, REF_SLACK=REF_SLACK, KV_ALIGNED=kv_aligned,
+        INTERPRET=interpreting(),
     )
 
 

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..config import FP8Format
 from ..transforms import hadamard_matrix
@@ -120,6 +121,20 @@ def fp8_cast(y, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr
     else:
         return tl.inline_asm_elementwise(_CVT_E5M2, "=r,r,r,r,r", [y], dtype=tl.uint8, is_pure=True,
                                          pack=4).to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def mul_rounded(a, b, INTERPRET: tl.constexpr):
+    """``a · b`` rounded to fp32 by itself (PTX ``mul.rn``, which is never contracted into an FMA).
+
+    Where a product is compared with, or subtracted from, a value computed from its own rounded
+    result (a row max, a delta), an FMA of the unrounded product leaves the rounding residual
+    instead of zero. The interpreter multiplies in NumPy, never fused."""
+    if INTERPRET:
+        return a * b
+    else:
+        a, b = tl.broadcast(a, b)
+        return libdevice.mul_rn(a, b)
 
 
 # |x / scale| below this comes out of divide_by_scale as a zero of its sign, which every fp8 format
