@@ -46,9 +46,9 @@ query tile can see are never visited; tiles fully visible to every row skip the 
 Logit modifiers (:mod:`.logit_mods`; constexprs, off: the code as without them), in x units
 like m and r: ROW_SHIFT adds K-smoothing's row constant back (x + shift₂/q2) and SOFTCAP caps the
 logits (x̃ = C·tanh(x/C) with C = c₂/q2 per row: the cap c₂ of the log2 units) before the row max;
-SINK starts each row's running max and reference at the head's sink (σ₂/q2) and l at its term, 448
-(2^0 in units of 448), so the sink joins l, and so O and LSE, like one more key without a value.
-A row with no visible key then has O = 0 and LSE = σ.
+SINK starts each row's running max and reference at the head's sink (σ₂/q2) and l at its term
+(448·2^(σ − r) = 448, in p's units), so the sink joins l, and so O and LSE, like one more key
+without a value. A row with no visible key then has O = 0 and LSE = σ.
 
 Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel per token (each Q tile is loaded
 once), or, rotated or with per-head scales, Q's codes ``(B, Hq, Sq, DP)`` + scales ``(B, Hq, Sq)``
@@ -305,21 +305,21 @@ def _fwd_kernel(
     # around it made the non-causal forward slower: benchmarks/NOTES.md.)
     if HAS_WINDOW:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x, t_lo, f_lo,
-                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET,
-                                          ROW_SHIFT, SOFTCAP)
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          t_lo, f_lo, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x, f_lo, f_hi, kv_len,
-                                      window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET,
-                                          ROW_SHIFT, SOFTCAP)
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                      f_lo, f_hi, kv_len, window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                      LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
     if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x, f_hi, t_hi,
-                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET,
-                                          ROW_SHIFT, SOFTCAP)
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          f_hi, t_hi, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     if V_SEQ:

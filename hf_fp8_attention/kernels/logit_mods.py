@@ -38,10 +38,6 @@ class LogitMods(NamedTuple):
     shift2: torch.Tensor | None
     sinks2: torch.Tensor | None
 
-    @property
-    def any(self) -> bool:
-        return self.softcap2 is not None or self.shift2 is not None or self.sinks2 is not None
-
     def meta(self) -> dict:
         """The kernels' constexprs SOFTCAP, ROW_SHIFT and SINK."""
         return dict(SOFTCAP=self.softcap2 is not None, ROW_SHIFT=self.shift2 is not None,
