@@ -175,8 +175,6 @@ def fp8_attention(
         sinks: attention sinks (GPT-OSS's ``s_aux``): ``(Hq,)`` floating-point, on q's device, one
             learned logit per query head that joins each row's softmax normaliser but has no value
             (not capped); differentiable. A row that sees no key then outputs 0.
-            Both run in the PyTorch emulation only for now: the Triton kernels raise
-            NotImplementedError for them (use ``FP8AttentionConfig(backend="emulation")``).
     Returns:
         ``(B, Hq, Sq, D)`` in the input dtype (under ``torch.autocast``: the autocast dtype, to
         which q, k, v are cast first, as SDPA does).

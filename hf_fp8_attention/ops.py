@@ -50,30 +50,7 @@ def _kernel_unavailable_reason(device_index: int) -> str | None:
     return None
 
 
-# Requests the emulation honours and the Triton kernels do not (yet): name -> what the error calls it.
-_KERNEL_UNSUPPORTED = {
-    "softcap": "attention logit soft-capping (softcap)",
-    "sinks": "attention sinks (sinks / s_aux)",
-}
-
-
-def requested_features(softcap: float | None, sinks: torch.Tensor | None) -> tuple[str, ...]:
-    """The names (keys of the kernels' unsupported list) of the logit modifiers a call asks for."""
-    return tuple(name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None)
-
-
-def _check_kernel_features(features: tuple[str, ...]) -> None:
-    """NotImplementedError naming each requested feature the kernels lack, and the alternatives."""
-    missing = [_KERNEL_UNSUPPORTED[f] for f in features if f in _KERNEL_UNSUPPORTED]
-    if missing:
-        raise NotImplementedError(
-            f"the FP8 attention Triton kernels do not implement {' and '.join(missing)} yet; use "
-            "FP8AttentionConfig(backend=\"emulation\") to run the FP8 recipe in PyTorch instead (correct but "
-            "slow and memory-hungry), or attn_implementation=\"sdpa\" / \"eager\" for this model"
-        )
-
-
-def select_backend(device: torch.device | str, config: FP8AttentionConfig, features: tuple[str, ...] = ()) -> Backend:
+def select_backend(device: torch.device | str, config: FP8AttentionConfig) -> Backend:
     """``Backend.TRITON`` or ``Backend.EMULATION`` for tensors on ``device``.
 
     - ``backend="emulation"``: the PyTorch emulation, on any device.
@@ -81,9 +58,6 @@ def select_backend(device: torch.device | str, config: FP8AttentionConfig, featu
       importable; the emulation for CPU (and other non-CUDA) tensors; a RuntimeError for CUDA
       tensors on an older GPU, naming ``attn_implementation="sdpa"`` and ``backend="emulation"``.
     - ``backend="triton"``: the kernels, or a RuntimeError saying why they cannot run.
-
-    ``features``: the call's logit modifiers (:func:`requested_features`); where the kernels would
-    run and lack one, a NotImplementedError names it and the alternatives (never dropped silently).
     """
     device = torch.device(device)
     if config.backend is Backend.EMULATION:
@@ -104,7 +78,6 @@ def select_backend(device: torch.device | str, config: FP8AttentionConfig, featu
             "(bf16 attention) for this model, or FP8AttentionConfig(backend=\"emulation\") to run the FP8 "
             "recipe in PyTorch (correct but slow and memory-hungry)"
         )
-    _check_kernel_features(features)
     return Backend.TRITON
 
 
@@ -198,10 +171,10 @@ def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfi
     ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32.
     """
     with _no_autocast(q.device.type):
-        if select_backend(q.device, config, requested_features(softcap, sinks)) is Backend.TRITON:
+        if select_backend(q.device, config) is Backend.TRITON:
             from .kernels.forward import triton_forward
 
-            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, softcap=softcap, sinks=sinks)
         else:
             out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
                                                   softcap=softcap, sinks=sinks)
@@ -215,10 +188,11 @@ def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: 
     is read only by the stale delta (None in matched mode); ``dout`` may have any strides."""
     grads = None
     with _no_autocast(q.device.type):
-        if select_backend(q.device, config, requested_features(softcap, sinks)) is Backend.TRITON:
+        if select_backend(q.device, config) is Backend.TRITON:
             kernel = _triton_backward_fn()
             if kernel is not None:
-                grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+                grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, softcap=softcap,
+                               sinks=sinks)
         if grads is None:
             grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
                                                 softcap=softcap, sinks=sinks)

@@ -1,6 +1,7 @@
 """Logit soft-capping and attention sinks in the emulation (docs/design.md, "Soft-capping and
 attention sinks"): exactness without quantization, the zero-row-sum invariant, the FP8 error
-budget, rows with no key, the custom-op / compile path and bad input.
+budget, rows with no key, the custom-op / compile path and bad input. (The kernels against the
+emulation: test_softcap_sinks_interpreter.py, tests/gpu/test_softcap_sinks_kernel.py.)
 
 Tolerances:
 - quantization off: fp32 rounding against float64, 1e-5 relative as in test_recipes (fp32 matmuls
@@ -15,7 +16,7 @@ import math
 import pytest
 import torch
 
-from hf_fp8_attention import RECIPES, FP8AttentionConfig, fp8_attention, ops, reference
+from hf_fp8_attention import RECIPES, FP8AttentionConfig, fp8_attention, reference
 from hf_fp8_attention.diagnostics import (
     FP8_ERROR_BUDGET,
     HYBRID_MATCHED_GRAD_BUDGET,
@@ -208,7 +209,7 @@ def test_sinks_of_another_dtype_get_their_gradient_in_it():
 
 
 # ---------------------------------------------------------------------------------------------
-# the custom ops, torch.compile, the kernels' guard
+# the custom ops and torch.compile
 # ---------------------------------------------------------------------------------------------
 
 
@@ -232,23 +233,6 @@ def test_custom_op_and_compile_equal_the_eager_path():
     assert torch.equal(compiled, eager)
     for a, b in zip(grads_c, grads_e):
         assert torch.equal(a, b)
-
-
-def test_kernels_refuse_the_features(monkeypatch):
-    """Where the Triton kernels would run, a cap or sinks raise naming the feature and the
-    alternatives, never dropped; without them the kernels are chosen."""
-    monkeypatch.setattr(ops, "_kernel_unavailable_reason", lambda index: None)  # "a capable GPU"
-    config = FP8AttentionConfig()
-    assert ops.select_backend("cuda:0", config) is ops.Backend.TRITON
-    for features, named in ((("softcap",), "soft-capping"), (("sinks",), "sinks"),
-                            (("softcap", "sinks"), "soft-capping")):
-        with pytest.raises(NotImplementedError, match=named) as err:
-            ops.select_backend("cuda:0", config, features)
-        assert "backend=\"emulation\"" in str(err.value) and "sdpa" in str(err.value)
-    assert ops.select_backend("cuda:0", config.replace(backend="emulation"), ("softcap", "sinks")) \
-        is ops.Backend.EMULATION
-    assert ops.requested_features(None, None) == ()
-    assert ops.requested_features(1.0, torch.zeros(2)) == ("softcap", "sinks")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,8 +47,8 @@ Transformers does not save the attention implementation with a checkpoint: pass
 ``attn_implementation=...`` again to ``from_pretrained`` (after ``import hf_fp8_attention``).
 
 Logit soft-capping (Gemma 2's ``softcap`` kwarg) and attention sinks (GPT-OSS's ``s_aux``, one
-learned logit per query head) are passed to :func:`hf_fp8_attention.fp8_attention`: the PyTorch
-emulation runs them; the Triton kernels raise NotImplementedError for them (for now).
+learned logit per query head) are passed to :func:`hf_fp8_attention.fp8_attention`, which runs
+them on either backend.
 
 Anything the FP8 recipe cannot honour raises a clear error rather than being dropped: dropout,
 4D or custom mask functions, chunked attention and unsupported head dims. ``output_attentions=True`` gets one warning and ``None`` weights (as sdpa).

@@ -33,6 +33,11 @@ The default FP8 path (:mod:`.backward_fp8`) runs this schedule on operands quant
 front, and by default gives each kernel's two jobs a launch of their own (LSE'/D, then dQ; dK, then
 dV: see ``LAUNCH``). It forms the same dS with one operation per element fewer: dO's row scale is
 folded into LSE' and D there (see that module's docstring).
+
+Logit soft-capping and attention sinks (:mod:`.logit_mods`) run in both paths: the cap (and
+K-smoothing's row constant, added back where the FP8 operands are smoothed) wherever S is formed,
+the tanh's slope on dS, the sink in the statistics pass's normaliser; the sinks' gradient is
+formed afterwards from the per-row LSE' and D the kernels wrote.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from ..masking import MaskSpec, varlen_max_lengths
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
+from .logit_mods import NO_MODS, LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
@@ -107,7 +113,9 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
                          "per-tile recipe without transforms (fp8_delta_tile / fp8_stale_tile)")
 
 
-def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
+def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods = NO_MODS):
+    """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
+    sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included)."""
     _check_limits(q, config)
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
@@ -146,14 +154,16 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
         delta = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev)
     dbg_ds = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     dbg_pabs = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
+    no_sinks = None if mods.sinks2 is None else torch.zeros_like(mods.sinks2)
     if n_seq == 0 or max_q == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_(), dbg_ds, dbg_pabs
+        return dq.zero_(), dk.zero_(), dv.zero_(), dbg_ds, dbg_pabs, no_sinks
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window_arg
     if prequant:
         _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                         n_seq, max_q, max_k, scale, mask, config, debug)
-        return dq, dk, dv, dbg_ds, dbg_pabs
+                    n_seq, max_q, max_k, scale, mask, config, debug, mods)
+        # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
+        return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
     common = dict(
         HEAD_D=d, BLOCK_D=padded_head_dim(d), BLOCK_Q=bq, BLOCK_K=bk,
         FP8=fp8, CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen,
@@ -164,25 +174,41 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug):
     )
     qk_scale = float(scale) * LOG2E
     dims = (hq, g, sq_total, sq_total, sk_total)  # SQ/SK: dense lengths (varlen reads cu_seqlens)
+    _, sinks2, softcap2 = mods.args(lse)
+    mod_meta = mods.meta()
+    del mod_meta["ROW_SHIFT"]  # these kernels' operands are never smoothed
     bwd_dq_inreg_kernel[(cdiv(max_q, bq), n_seq * hq)](
-        q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+        q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, sinks2,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
-        *dims, window, qk_scale, float(scale),
-        MATCHED=matched, DEBUG=debug, **common, **LAUNCH["inreg"]["dq"], **COMPILE_OPTIONS,
+        *dims, window, qk_scale, float(scale), softcap2,
+        MATCHED=matched, DEBUG=debug, **common, **mod_meta, **LAUNCH["inreg"]["dq"], **COMPILE_OPTIONS,
     )
+    del mod_meta["SINK"]
     bwd_dkdv_inreg_kernel[(cdiv(max_k, bk), n_seq * hkv)](
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        *dims, window, qk_scale, float(scale),
-        **common, **LAUNCH["inreg"]["dkdv"], **COMPILE_OPTIONS,
+        *dims, window, qk_scale, float(scale), softcap2,
+        **common, **mod_meta, **LAUNCH["inreg"]["dkdv"], **COMPILE_OPTIONS,
     )
-    return dq, dk, dv, dbg_ds, dbg_pabs
+    return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2, delta, dbg_ds, mask, b, sq_total, debug))
+
+
+def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug) -> tuple:
+    """``(dsinks,)`` from the statistics (see :func:`.logit_mods.sink_entries`; ``(None,)`` without
+    sinks); with ``debug`` the sink entries join the debug row sums ``dbg_ds`` (in place)."""
+    if mods.sinks2 is None:
+        return (None,)
+    entries = sink_entries(mods.sinks2, lse2, delta, mask, b, sq_total)
+    if debug:
+        dbg_ds += entries.reshape(dbg_ds.shape)
+    return (sink_grad(entries),)
 
 
 def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                     n_seq, max_q, max_k, scale, mask, config, debug):
+                n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods):
     """FP8 mode on operands quantized once up front (kernels in backward_fp8.py). ``lse2``,
-    ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module)."""
+    ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module).
+    ``mods``: the logit modifiers (:mod:`.logit_mods`)."""
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
@@ -211,33 +237,44 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     qk_scale = float(scale) * LOG2E * logit_factor(config, d)
     recipe = dict(KV_HEAD=config.kv_scales is Granularity.HEAD, COL_SEQ=config.channel_scales is not Granularity.TILE)
     matched = config.delta is DeltaMode.MATCHED
+    shift2, sinks2, softcap2 = mods.args(lse)
+    mod_meta = mods.meta()
     split_stats = matched and LAUNCH["split_dq_stats"]
     dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
     for stats, grads, launch in dq_passes:
         bm = LAUNCH["free_tile"][launch] or bq
         bwd_dq_fp8_kernel[(cdiv(max_q, bm), n_seq * hq)](
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
-            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
+            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2,
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
-            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe,
+            float(scale), softcap2, MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats,
+            GRADS=grads, ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe, **mod_meta,
             **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
+    del mod_meta["SINK"]  # in LSE' and LSE'^do already
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
         bn = LAUNCH["free_tile"][launch] or bk
         bwd_dkdv_fp8_kernel[(cdiv(max_k, bn), n_seq * hkv)](
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
-            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q,
+            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
-            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe,
+            float(scale), softcap2, **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe, **mod_meta,
             P_FIXED=config.p_scales is PScaling.FIXED, **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
         )
 
 
-def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+def _mods(q, k, scale, mask, config, softcap, sinks) -> LogitMods:
+    """The call's logit modifiers; K-smoothing's row constant only where the backward's QKᵀ operands
+    are smoothed (the pre-quantized FP8 path; the in-register ones run unsmoothed recipes)."""
+    smoothed = config.backward is BackwardPrecision.FP8 and LAUNCH["prequant"]
+    return logit_mods(q, k, scale, mask, config, softcap, sinks, smoothed=smoothed)
+
+
+def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
+                    softcap: float | None = None, sinks: torch.Tensor | None = None):
     """FP8 (or hybrid bf16) attention backward with the matched or stale delta, in Triton.
 
     Args:
@@ -247,22 +284,29 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
             only by the stale delta (the matched delta forms its own normaliser).
         dout: ``(B, Hq, Sq, D)``.
         scale: softmax scale τ. mask: :class:`MaskSpec`. config: the recipe (tile sizes = quant blocks).
+        softcap, sinks ``(Hq,)`` fp32: the forward's logit modifiers (:mod:`hf_fp8_attention.reference`).
     Returns:
-        ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v.
+        ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
+        ``dsinks (Hq,)`` fp32.
     """
-    dq, dk, dv, _, _ = _launch(q, k, v, out, lse, dout, scale, mask, config, debug=False)
-    return dq, dk, dv
+    mods = _mods(q, k, scale, mask, config, softcap, sinks)
+    dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, mods)
+    return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
-def triton_backward_row_sums(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig):
+def triton_backward_row_sums(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
+                             softcap: float | None = None, sinks: torch.Tensor | None = None):
     """Diagnostic variant of :func:`triton_backward` (a separately compiled kernel; the default
     path carries none of this).
 
     Returns ``(dq, dk, dv, ds_row_sum, p_abs_dp_row_sum)``: the last two ``(B, Hq, Sq)`` fp32 hold,
-    per query row, Σ_j dS_ij of the fp32 dS the kernel formed (before quantization) and
-    Σ_j P_ij |dP_ij|, the natural size of that sum's terms. Their ratio is the zero-row-sum
-    residual: fp32 rounding level in matched mode.
+    per query row, Σ_j dS_ij of the fp32 dS the kernel formed (before quantization; with a cap the
+    softmax input's dS̃) and Σ_j P_ij |dP_ij|, the natural size of that sum's terms. Their ratio is
+    the zero-row-sum residual: fp32 rounding level in matched mode. With sinks the gradients are
+    followed by dsinks, and the row sum includes the sink's entry −P_sink D_i (the extended sum).
     """
-    dq, dk, dv, ds_sum, pabs = _launch(q, k, v, out, lse, dout, scale, mask, config, debug=True)
+    mods = _mods(q, k, scale, mask, config, softcap, sinks)
+    dq, dk, dv, ds_sum, pabs, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, True, mods)
     shape = q.shape[:-1]
-    return dq, dk, dv, ds_sum.view(shape), pabs.view(shape)
+    grads = (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+    return (*grads, ds_sum.view(shape), pabs.view(shape))

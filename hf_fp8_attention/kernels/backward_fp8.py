@@ -39,6 +39,13 @@ mask, its
 Visible elements see the same operations in the same order either way: bit-identical under the
 interpreter. Compiled with FP fusion (Triton's default), the interior statistics loop may round
 differently in the last bit (see :func:`_dq_stats_tiles`).
+
+Logit modifiers (:mod:`.logit_mods`; constexprs, off: the code as without them): ROW_SHIFT adds
+K-smoothing's row constant back to S and SOFTCAP caps it (c₂·tanh(S/c₂)) wherever S is formed;
+with a cap, dS = P ∘ (dP − D) ∘ (1 − (S̃/c₂)²) is what is quantized (the DEBUG row sums stay those of
+P ∘ (dP − D), the zero-sum one). SINK: the statistics pass starts each row's running max and
+normaliser at the head's sink σ₂ (m = σ₂, l = 1), so LSE' includes it; the sink's gradient comes
+from LSE'^do and D' afterwards (:func:`.logit_mods.sink_grad`).
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ import triton.language as tl
 
 from .backward_quant import cast_saturating
 from .constants import LOG2E_C
+from .logit_mods import cap_slope, modify_logits
 from .quantize import abs_max, mul_rounded, scale_from_amax
 from .tiles import key_tiles, query_tiles, seq_bounds, tile_slot, visible
 
@@ -98,15 +106,17 @@ def _vec(ptrs, ok, other, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d,
-            BLOCK_D: tl.constexpr, MASKED: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr):
+def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, offs_d, shift, cap,
+            BLOCK_D: tl.constexpr, MASKED: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
+            ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr):
     """S (log2 units) and dP' = dP / sdo (dO's row scale left out, see the module docstring), both
     (BLOCK_Q, BLOCK_K) fp32, of the dQ kernel's query tile against one key tile, from the row-wise
     codes; MASKED: keys outside ``col_ok`` read zero codes, unit scales. KV_HEAD: K's and V's scales
     are one per (sequence, head), folded by the caller into ``sq`` and into dO's row scale, so
     neither product is scaled per key here. dP' is rounded by itself (:func:`.quantize.mul_rounded`):
     dS = P (dP' − D') must be exactly 0 where D' = dP' (a query that sees one key), which an FMA of
-    the unrounded product with −D' is not."""
+    the unrounded product with −D' is not. ROW_SHIFT / SOFTCAP: S with the row constants ``shift``
+    (BLOCK_Q,) added back and capped at ``cap`` (:func:`.logit_mods.modify_logits`)."""
     k8 = _rows(kr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     v8 = _rows(vr_base, keys, col_ok, offs_d, BLOCK_D, MASKED)
     if KV_HEAD:
@@ -117,6 +127,7 @@ def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, off
         sv = _vec(vrs_base + keys, col_ok, 1.0, MASKED)
         s = tl.dot(q8, tl.trans(k8), out_dtype=tl.float32) * sq[:, None] * sk[None, :]
         dp = mul_rounded(tl.dot(do8, tl.trans(v8), out_dtype=tl.float32), sv[None, :], INTERPRET)
+    s = modify_logits(s, shift, cap, ROW_SHIFT, SOFTCAP, 0)
     return s, dp
 
 
@@ -145,9 +156,10 @@ def fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
 @triton.jit
 def _dq_stats_tiles(
     m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-    kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo, t_hi,
+    kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, shift, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
     running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'). Masks
@@ -158,7 +170,7 @@ def _dq_stats_tiles(
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, k_start + offs_n, col_ok,
-                        offs_d, BLOCK_D, MASKED, KV_HEAD, INTERPRET)
+                        offs_d, shift, cap, BLOCK_D, MASKED, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
         vis = None  # interior tiles: every pair is visible
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -171,10 +183,11 @@ def _dq_stats_tiles(
 @triton.jit
 def _dq_tiles(
     dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
-    kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, t_lo, t_hi,
+    kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, shift, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_D) (before the factor τ)
     and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
@@ -188,7 +201,7 @@ def _dq_tiles(
         col_ok = offs_n < k_len  # read only if MASKED
         keys = k_start + offs_n
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
-                        offs_d, BLOCK_D, MASKED, KV_HEAD, INTERPRET)
+                        offs_d, shift, cap, BLOCK_D, MASKED, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
         p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
@@ -201,6 +214,8 @@ def _dq_tiles(
             if MASKED:
                 dp_abs = tl.where(vis, dp_abs, 0.0)
             pabs_sum += tl.sum(p * dp_abs, 1)
+        if SOFTCAP:
+            ds = ds * cap_slope(s, cap)  # dS̃ -> dS (S is finite here: the mask is on P)
         # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
         ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
         kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD, MASKED)
@@ -216,14 +231,15 @@ def _dq_tiles(
 def bwd_dq_fp8_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
     DO, O, LSE, DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS,
-    CU_Q, CU_K, TOFF_K,
+    CU_Q, CU_K, TOFF_K, SHIFT, SINKS,
     sdob, sdoh, sdos, sdod, sob, soh, sos, sod, slb, slh, sls,
-    H, G, SQ_TOTAL, SK_TOTAL, SK_PAD, NT_K, SQ, SK, window, qk_scale, tau,
+    H, G, SQ_TOTAL, SK_TOTAL, SK_PAD, NT_K, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
-    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
+    SINK: tl.constexpr,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
 
@@ -238,7 +254,10 @@ def bwd_dq_fp8_kernel(
 
     ALIGNED (dense launch, SQ a multiple of BLOCK_Q and SK of BLOCK_K): no tile is partial, so the
     trailing boundary loop is compiled only for the causal diagonal or a window, and the leading one
-    only for a window (it is empty otherwise): its prologue would run in every program."""
+    only for a window (it is empty otherwise): its prologue would run in every program.
+
+    SOFTCAP / ROW_SHIFT / SINK: the logit modifiers (module docstring): ``softcap`` c₂, ``SHIFT``
+    (B·Hq, Sq) the row constants, ``SINKS`` (Hq,) σ₂, all log2 units."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -277,6 +296,9 @@ def bwd_dq_fp8_kernel(
     t_lo, f_lo, f_hi, t_hi = key_tiles(m0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
 
     stat_off = bh_q * SQ_TOTAL + rows
+    shift = 0.0  # read only with ROW_SHIFT
+    if ROW_SHIFT:
+        shift = tl.load(SHIFT + stat_off, mask=row_ok, other=0.0)
     if MATCHED and not STATS:
         lse2do = tl.load(LSE2DO + stat_off, mask=row_ok, other=float("-inf"))
         delta_do = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
@@ -284,17 +306,23 @@ def bwd_dq_fp8_kernel(
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
+        if SINK:  # the sink's term 2^(σ₂ − m) = 1 starts the normaliser; it adds nothing to u (dP = 0)
+            m_i = tl.zeros([BLOCK_Q], tl.float32) + tl.load(SINKS + h)
+            l_i = l_i + 1.0
         if HAS_WINDOW:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, t_lo,
-                                            f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
+                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                            shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                            BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
         m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_lo, f_hi,
-                                        False, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
+                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                        shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                        BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
         if CAUSAL or HAS_WINDOW or not ALIGNED:
             m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, f_hi,
-                                            t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K, BLOCK_D, KV_HEAD, INTERPRET)
+                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                            shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                            BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
@@ -322,17 +350,20 @@ def bwd_dq_fp8_kernel(
     if HAS_WINDOW:
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
-                                         window, SK_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
+                                         window, SK_PAD, shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
+                                         ROW_SHIFT, SOFTCAP)
     dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
-                                     window, SK_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
-                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
+                                     window, SK_PAD, shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
+                                     BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
+                                     ROW_SHIFT, SOFTCAP)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
-                                         window, SK_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
-                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ)
+                                         window, SK_PAD, shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
+                                         BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
+                                         ROW_SHIFT, SOFTCAP)
     if COL_SEQ:
         dq = dq * tl.load(kcs_base + offs_d)[None, :]
     dq = dq * tau
@@ -347,11 +378,12 @@ def bwd_dq_fp8_kernel(
 def _dkdv_tiles(
     dk, dv, k8, v8, sk, sv, col_ok, offs_n,
     qr_base, dor_base, qrs_base, lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-    q_start, q_len, shift, window, SQ_PAD, t_lo, t_hi,
+    q_start, q_len, shift, window, SQ_PAD, rshift_base, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, ROW_SHIFT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
     and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
@@ -363,7 +395,8 @@ def _dkdv_tiles(
     KV_HEAD: ``sk`` is K's one scale (a scalar, τ·log2 e included) and V's scale is in LSE'^do and
     D' (see the dQ kernel). COL_SEQ: Q's and dO's channel scales are the sequence's; the caller
     applies them per query head. P_FIXED: dV's P is cast as fp8(448 · P), its 1/448 applied by the
-    caller."""
+    caller. ``shift`` is the queries' position offset k_len − q_len; ROW_SHIFT / SOFTCAP: Sᵀ with the
+    row constants at ``rshift_base`` (the query head's) added back and capped at ``cap``."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -377,6 +410,10 @@ def _dkdv_tiles(
             st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)[None, :]
         else:
             st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+        rshift = 0.0  # read only with ROW_SHIFT
+        if ROW_SHIFT:
+            rshift = _vec(rshift_base + rows, row_ok, 0.0, MASKED)
+        st = modify_logits(st, rshift, cap, ROW_SHIFT, SOFTCAP, 1)
         if MASKED:
             vis = visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
@@ -392,6 +429,8 @@ def _dkdv_tiles(
                 ptdo = tl.where(vis, ptdo, 0.0)
             delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
             dst = ptdo * (dpt - delta[None, :])
+            if SOFTCAP:
+                dst = dst * cap_slope(st, cap)  # dS̃ᵀ -> dSᵀ (Sᵀ is finite here: the mask is on P)
         if COMPUTE_DV:
             lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
             if P_FIXED:
@@ -427,13 +466,14 @@ def _dkdv_tiles(
 def bwd_dkdv_fp8_kernel(
     QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DOCT, DOCS,
     LSE2, LSE2DO, DELTA, DK, DV,
-    CU_Q, CU_K, TOFF_Q,
-    H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau,
+    CU_Q, CU_K, TOFF_Q, SHIFT,
+    H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
-    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr,
+    KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, SOFTCAP: tl.constexpr,
+    ROW_SHIFT: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
     tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
@@ -445,7 +485,10 @@ def bwd_dkdv_fp8_kernel(
     COL_SEQ: each query head's channel scales of Q (dK) and dO (dV) are constant over the sequence,
     so its products accumulate unscaled: before head g the accumulator is multiplied by
     c_{g-1} / c_g (1 for g = 0), and by the last head's c once at the end, which gives
-    Σ_g c_g · (head g's products) with one rescale per head instead of one per tile."""
+    Σ_g c_g · (head g's products) with one rescale per head instead of one per tile.
+
+    SOFTCAP / ROW_SHIFT: as in the dQ kernel (``SHIFT`` (B·Hq, Sq), ``softcap`` c₂); the sinks are
+    in LSE' and LSE'^do already."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -489,6 +532,7 @@ def bwd_dkdv_fp8_kernel(
         lse2_base = LSE2 + bh_q * SQ_TOTAL
         lse2do_base = LSE2DO + bh_q * SQ_TOTAL
         delta_base = DELTA + bh_q * SQ_TOTAL
+        rshift_base = SHIFT + bh_q * SQ_TOTAL
         qct_base = QCT + bh_q * BLOCK_D * SQ_PAD
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
@@ -505,20 +549,20 @@ def bwd_dkdv_fp8_kernel(
         if CAUSAL or HAS_WINDOW:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-                                 q_start, q_len, shift, window, SQ_PAD, t_lo, f_lo, True, CAUSAL, HAS_WINDOW,
-                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
-                                 KV_HEAD, COL_SEQ, P_FIXED)
+                                 q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, t_lo, f_lo, True,
+                                 CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                              lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-                             q_start, q_len, shift, window, SQ_PAD, f_lo, f_hi, False, CAUSAL, HAS_WINDOW,
-                             BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
-                                 KV_HEAD, COL_SEQ, P_FIXED)
+                             q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_lo, f_hi, False,
+                             CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
+                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
         if HAS_WINDOW or not ALIGNED:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-                                 q_start, q_len, shift, window, SQ_PAD, f_hi, t_hi, True, CAUSAL, HAS_WINDOW,
-                                 BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, COMPUTE_DK, COMPUTE_DV,
-                                 KV_HEAD, COL_SEQ, P_FIXED)
+                                 q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_hi, t_hi, True,
+                                 CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
     st_mask = col_ok[:, None] & d_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
     if COL_SEQ:

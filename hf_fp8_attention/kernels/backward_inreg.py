@@ -2,6 +2,10 @@
 ``LAUNCH["prequant"]`` off. Q, K, V and dO tiles are loaded from the bf16/fp16/fp32 inputs and
 quantized (or rounded to bf16) in registers inside every program's loop; the maths and the two
 kernels' schedule are described in :mod:`.backward`, which launches them.
+
+Logit modifiers (:mod:`.logit_mods`, constexprs): SOFTCAP caps S wherever it is formed and
+multiplies dS̃ by the tanh's slope; SINK starts the statistics' running max and normaliser at the
+head's sink. These kernels' operands are never K-smoothed, so there is no row constant to add back.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import triton.language as tl
 from .backward_fp8 import fold_matched_stats
 from .backward_quant import quant_cols, quant_rows
 from .constants import LOG2E_C
+from .logit_mods import cap_slope, soft_cap
 from .quantize import mul_rounded
 from .tiles import seq_bounds, visible
 
@@ -72,12 +77,15 @@ def _col_operands(x, FP8: tl.constexpr, FMT_MAX: tl.constexpr, POW2: tl.constexp
 
 
 @triton.jit
-def _scores(q_op, sq_row, k_op, sk_row, vo_op, sdo_row, v_op, sv_row, INTERPRET: tl.constexpr):
-    """S (log2 units, scale folded into sq_row) and dP, both (BQ, BK) fp32. dP is rounded by itself
-    so that dP − D is exactly 0 where D = dP (see backward_fp8._scores)."""
+def _scores(q_op, sq_row, k_op, sk_row, vo_op, sdo_row, v_op, sv_row, cap, INTERPRET: tl.constexpr,
+            SOFTCAP: tl.constexpr):
+    """S (log2 units, scale folded into sq_row; SOFTCAP: capped at ``cap``) and dP, both (BQ, BK) fp32.
+    dP is rounded by itself so that dP − D is exactly 0 where D = dP (see backward_fp8._scores)."""
     s = tl.dot(q_op, tl.trans(k_op), out_dtype=tl.float32) * sq_row[:, None] * sk_row[None, :]
     dp = mul_rounded(tl.dot(vo_op, tl.trans(v_op), out_dtype=tl.float32) * sdo_row[:, None], sv_row[None, :],
                      INTERPRET)
+    if SOFTCAP:
+        s = soft_cap(s, cap)
     return s, dp
 
 
@@ -89,7 +97,7 @@ def _scores(q_op, sq_row, k_op, sk_row, vo_op, sdo_row, v_op, sv_row, INTERPRET:
 @triton.jit
 def bwd_dq_inreg_kernel(
     Q, K, V, DO, O, LSE, DQ, LSE2, DELTA, DBG_DSSUM, DBG_PABS,
-    CU_Q, CU_K,
+    CU_Q, CU_K, SINKS,
     sqb, sqh, sqs, sqd,
     skb, skh, sks, skd,
     svb, svh, svs, svd,
@@ -97,17 +105,19 @@ def bwd_dq_inreg_kernel(
     sob, soh, sos, sod,
     sdqb, sdqh, sdqs, sdqd,
     slb, slh, sls,
-    H, G, SQ_TOTAL, SQ, SK, window, qk_scale, tau,
+    H, G, SQ_TOTAL, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, MATCHED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     VARLEN: tl.constexpr, DEBUG: tl.constexpr, POW2: tl.constexpr,
     QKV_DTYPE: tl.constexpr, DO_DTYPE: tl.constexpr, DS_DTYPE: tl.constexpr,
     DO_MAX: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    SOFTCAP: tl.constexpr, SINK: tl.constexpr,
 ):
     """dQ (B, Hq, Sq, D) plus LSE' (log2 units) and D (B·Hq, Sq) fp32 for the dK/dV kernel.
 
     In exact terms: D_i = Σ_j P_ij dP_ij (matched) or Σ_d dO_id O_id (stale);
     dQ_i = τ Σ_j P_ij (dP_ij − D_i) K_j. Debug: also Σ_j dS_ij and Σ_j P_ij |dP_ij| per row.
+    SOFTCAP / SINK: ``softcap`` c₂, ``SINKS`` (Hq,) σ₂ (log2 units; module docstring).
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -153,6 +163,9 @@ def bwd_dq_inreg_kernel(
         m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_Q], tl.float32)
         u_i = tl.zeros([BLOCK_Q], tl.float32)
+        if SINK:  # the sink's term 2^(σ₂ − m) = 1 starts the normaliser; it adds nothing to u (dP = 0)
+            m_i = tl.zeros([BLOCK_Q], tl.float32) + tl.load(SINKS + h)
+            l_i = l_i + 1.0
         for n0 in range(lo, hi, BLOCK_K):
             offs_n = n0 + offs_n0
             col_ok = offs_n < k_len
@@ -160,7 +173,7 @@ def bwd_dq_inreg_kernel(
             v = _load_tile(v_base, k_start + offs_n, col_ok, offs_d, d_ok, svs, svd)
             k_op, sk = _row_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
             v_op, sv = _row_operands(v, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
-            s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
+            s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, softcap, INTERPRET, SOFTCAP)
             vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
             m_i, l_i, u_i = fold_matched_stats(m_i, l_i, u_i, s, dp, vis, True)
@@ -188,13 +201,15 @@ def bwd_dq_inreg_kernel(
         v = _load_tile(v_base, k_start + offs_n, col_ok, offs_d, d_ok, svs, svd)
         k_op, sk = _row_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
         v_op, sv = _row_operands(v, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
-        s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
+        s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, softcap, INTERPRET, SOFTCAP)
         vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
         p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
         ds = p * (dp - delta[:, None])
         if DEBUG:
             ds_sum += tl.sum(ds, 1)
             pabs_sum += tl.sum(p * tl.abs(tl.where(vis, dp, 0.0)), 1)
+        if SOFTCAP:
+            ds = ds * cap_slope(s, softcap)  # dS̃ -> dS (S is finite here: the mask is on P)
         # B4: dS per row within this key tile, K per channel within this key tile.
         ds_op, sds = _row_operands(ds, FP8, DS_MAX, POW2, DS_DTYPE, INTERPRET)
         kc_op, skc = _col_operands(k, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
@@ -223,15 +238,16 @@ def bwd_dkdv_inreg_kernel(
     sdob, sdoh, sdos, sdod,
     sdkb, sdkh, sdks, sdkd,
     sdvb, sdvh, sdvs, sdvd,
-    H, G, SQ_TOTAL, SQ, SK, window, qk_scale, tau,
+    H, G, SQ_TOTAL, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr,
     POW2: tl.constexpr, QKV_DTYPE: tl.constexpr, DO_DTYPE: tl.constexpr, DS_DTYPE: tl.constexpr,
-    DO_MAX: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
+    DO_MAX: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and dV = Σ_g Σ_i P_ij dO_i for one key tile of one kv head.
 
-    Reads LSE' (log2 units) and D written by ``bwd_dq_inreg_kernel``, so P and dS are those of kernel 1.
+    Reads LSE' (log2 units) and D written by ``bwd_dq_inreg_kernel``, so P and dS are those of
+    kernel 1 (the sinks are in LSE' already). SOFTCAP: S capped at ``softcap`` as there.
     """
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -284,10 +300,12 @@ def bwd_dkdv_inreg_kernel(
             delta = tl.load(DELTA + stat_base + rows, mask=row_ok, other=0.0)
             q_op, sq = _row_operands(q, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
             do_op, sdo = _row_operands(do, FP8, DO_MAX, POW2, DO_DTYPE, INTERPRET)
-            s, dp = _scores(q_op, sq * qk_scale, k_op, sk, do_op, sdo, v_op, sv, INTERPRET)
+            s, dp = _scores(q_op, sq * qk_scale, k_op, sk, do_op, sdo, v_op, sv, softcap, INTERPRET, SOFTCAP)
             vis = _visible(offs_m + shift, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             p = tl.where(vis, tl.math.exp2(s - lse2[:, None]), 0.0)
             ds = p * (dp - delta[:, None])
+            if SOFTCAP:
+                ds = ds * cap_slope(s, softcap)
             # B3: P per column, dO per channel, both within this query tile.
             p_op, sp = _col_operands(p, FP8, 448.0, POW2, QKV_DTYPE, INTERPRET)
             doc_op, sdoc = _col_operands(do, FP8, DO_MAX, POW2, DO_DTYPE, INTERPRET)

@@ -43,6 +43,13 @@ difference. G also bounds acc and l at 2^G times their running-max values, so th
 for |V| beyond ~1e21. Rows with no visible key give O = 0, LSE = -inf. Key tiles that no row of a
 query tile can see are never visited; tiles fully visible to every row skip the mask arithmetic.
 
+Logit modifiers (:mod:`.logit_mods`; constexprs, off: the code as without them), in x units
+like m and r: ROW_SHIFT adds K-smoothing's row constant back (x + shift₂/q2) and SOFTCAP caps the
+logits (x̃ = C·tanh(x/C) with C = c₂/q2 per row: the cap c₂ of the log2 units) before the row max;
+SINK starts each row's running max and reference at the head's sink (σ₂/q2) and l at its term
+(448·2^(σ − r) = 448, in p's units), so the sink joins l, and so O and LSE, like one more key
+without a value. A row with no visible key then has O = 0 and LSE = σ.
+
 Layouts: Q ``(B, Hq, Sq, D)`` any strides, quantized in-kernel per token (each Q tile is loaded
 once), or, rotated or with per-head scales, Q's codes ``(B, Hq, Sq, DP)`` + scales ``(B, Hq, Sq)``
 from the quantization kernel;
@@ -64,6 +71,7 @@ from ..config import FP8AttentionConfig, Granularity
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
 from .constants import LOG2E
+from .logit_mods import logit_mods, soft_cap
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
@@ -80,14 +88,18 @@ REF_SLACK = 32.0
 def _visit_tiles(
     acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q,
     k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
-    t_lo, t_hi, kv_len, window,
+    shift_x, cap_x, t_lo, t_hi, kv_len, window,
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr, INTERPRET: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
     m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring).
+
+    ROW_SHIFT / SOFTCAP: x with the row constants ``shift_x`` added back and capped at ``cap_x``
+    (both (BLOCK_M,), x units; module docstring) before the mask and the row max.
 
     K_HEAD: K has one row scale per (sequence, head), folded into ``q_scale2`` by the caller, so
     the logits skip the per-key scale. V_SEQ: V's channel scales are the sequence's (the same in
@@ -138,6 +150,10 @@ def _visit_tiles(
             # Rounded by itself: an FMA of the unrounded product with the reference below would leave
             # the product's rounding residual in the max element's exponent.
             x = mul_rounded(tl.dot(q_codes, k_codes), k_scale[None, :], INTERPRET)
+        if ROW_SHIFT:
+            x = x + shift_x[:, None]
+        if SOFTCAP:
+            x = soft_cap(x, cap_x[:, None])
         if MASKED:
             if KV_ALIGNED:
                 in_range = offs_n[None, :] < kv_len
@@ -182,21 +198,25 @@ def _fwd_kernel(
     lse_ptr,
     cu_q_ptr, cu_k_ptr, tile_off_ptr,
     q_codes_ptr, q_scales_ptr,
-    HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window,
+    shift_ptr, sinks_ptr,
+    HQ, HKV, SQ, SK, S_PAD, NT, D, qk_scale, window, softcap,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, POW2: tl.constexpr,
     Q_FMAX: tl.constexpr, LOG2_PMAX: tl.constexpr, Q_DTYPE: tl.constexpr,
     Q_MANT: tl.constexpr, Q_SUB_MAGIC: tl.constexpr, Q_SUB_MIN: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
-    Q_CODES: tl.constexpr, INTERPRET: tl.constexpr,
+    Q_CODES: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
+    SINK: tl.constexpr,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
     1/block). Q_CODES: Q comes quantized by the quantization kernel (rotated, with per-token or
     per-(sequence, head) scales: codes ``(B, Hq, Sq, DP)``, scales ``(B, Hq, Sq)``), else the kernel
     quantizes it per token itself. K_HEAD and V_SEQ: see :func:`_visit_tiles`. ``k_desc`` / ``vt_desc``:
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
-    with TMA (the codes tensors themselves otherwise)."""
+    with TMA (the codes tensors themselves otherwise). SOFTCAP / ROW_SHIFT / SINK: the logit
+    modifiers (module docstring): ``softcap`` c₂, ``shift_ptr`` (B, Hq, Sq) and ``sinks_ptr`` (Hq,)
+    in log2 units."""
     n_m = tl.num_programs(0)
     # Heaviest (last, under a causal mask) query tiles first: better tail balance.
     m_blk = n_m - 1 - tl.program_id(0)
@@ -264,6 +284,19 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max (x units)
     r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # reference of acc and l (x units)
     slack_x = REF_SLACK / q_scale2  # REF_SLACK in x units
+    # The logit modifiers in x units (read only with their constexprs).
+    shift_x = slack_x
+    cap_x = slack_x
+    if ROW_SHIFT:
+        shift_x = tl.load(shift_ptr + (bb * HQ + h) * SQ + tok_q, mask=m_ok, other=0.0) / q_scale2
+    if SOFTCAP:
+        cap_x = softcap / q_scale2
+    if SINK:
+        # The sink's term starts l: 448·2^(σ − r) = 448 (l counts p's units); none for a sink of -inf.
+        sink = tl.load(sinks_ptr + h)
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink / q_scale2
+        r_i = m_i
+        l_i = tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(l_i + LOG2_PMAX))
     # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
     # Without a window there are no leading masked tiles (the key range starts at 0), and that loop is not
     # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
@@ -272,18 +305,21 @@ def _fwd_kernel(
     # around it made the non-causal forward slower: benchmarks/NOTES.md.)
     if HAS_WINDOW:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, t_lo, f_lo,
-                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          t_lo, f_lo, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_lo, f_hi, kv_len,
-                                      window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE,
-                                      P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                      f_lo, f_hi, kv_len, window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                      LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
     if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, f_hi, t_hi,
-                                          kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX,
-                                          Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD, V_SEQ, INTERPRET)
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          f_hi, t_hi, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     if V_SEQ:
@@ -387,6 +423,8 @@ def triton_forward(
     mask: MaskSpec,
     config: FP8AttentionConfig,
     block_m: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
 
@@ -394,6 +432,7 @@ def triton_forward(
         q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``, D in ``config.SUPPORTED_HEAD_DIMS``.
         mask: causal / window / varlen (``B == 1``, int32 cu_seqlens) as in :mod:`..masking`.
         block_m: fix the query tile (skips autotuning; used under the interpreter and in tests).
+        softcap, sinks ``(Hq,)`` fp32: the logit modifiers (:mod:`hf_fp8_attention.reference`).
     Returns:
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
@@ -441,14 +480,16 @@ def triton_forward(
         vt_desc = TensorDescriptor.from_tensor(vt_codes.view(-1, vt_codes.shape[-1]), [dp, bn])
     else:
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
+    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
+    shift2, sinks2, softcap2 = mods.args(lse)
     args = (
         q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
-        cu_q, cu_k, tile_off, q_codes, q_scales,
+        cu_q, cu_k, tile_off, q_codes, q_scales, shift2, sinks2,
         hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
-        float(scale) * LOG2E * logit_factor(config, d), window,
+        float(scale) * LOG2E * logit_factor(config, d), window, softcap2,
     )
-    meta = _kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
-                        not varlen and sk % config.block_k == 0)
+    meta = {**_kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
+                           not varlen and sk % config.block_k == 0), **mods.meta()}
     if max(rows, 0) == 0:
         return out, lse
 
@@ -464,7 +505,7 @@ def triton_forward(
     else:
         pinned = _pinned_launch()
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
-               meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"],
+               meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"], meta["SOFTCAP"], meta["ROW_SHIFT"], meta["SINK"],
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch))

@@ -1,0 +1,145 @@
+"""Compile the attention kernels for sm_90 on any machine (no GPU) and, optionally, compare their SASS
+with another checkout's.
+
+The Triton interpreter runs the kernels' maths on the CPU but never compiles them, so it misses
+what only the compiler rejects (a constexpr turned runtime value, a layout it cannot lower); this
+builds each kernel as ``triton.compile`` does for an H200 (``GPUTarget("cuda", 90, 32)``), with the
+logit modifiers (soft-cap, K-smoothing's row constant, sinks) off and on.
+
+    python benchmarks/compile_sm90.py                       # compile every variant, print sizes
+    python benchmarks/compile_sm90.py --against /path/to/other/checkout
+
+``--against``: the SASS of each kernel with the modifiers off, this checkout against the other
+one's (e.g. ``git worktree add /tmp/main main``), instruction by instruction with the parameter
+offsets masked: identical when the modifiers compile away (the other checkout's kernels need not
+know the modifiers; their arguments are matched by name).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Arguments by name: fp8 codes, int32 offsets, bf16 tensors, fp32 scalars; other pointers are fp32
+# (scales, statistics), other scalars i32.
+FP8_PTRS = {"k_codes_ptr", "vt_codes_ptr", "k_desc", "vt_desc", "q_codes_ptr", "QR", "KR", "KCT", "VR", "DOR", "QCT",
+            "DOCT"}
+INT_PTRS = {"cu_q_ptr", "cu_k_ptr", "tile_off_ptr", "CU_Q", "CU_K", "TOFF_K", "TOFF_Q"}
+BF16_PTRS = {"q_ptr", "out_ptr", "DO", "O", "DQ", "DK", "DV", "Q", "K", "V"}
+FLOATS = {"qk_scale", "tau", "softcap"}
+INTS = {"H", "G", "HQ", "HKV", "SQ", "SK", "D", "NT", "S_PAD", "SQ_TOTAL", "SK_TOTAL", "SK_PAD", "SQ_PAD", "NT_K",
+        "NT_Q"}
+MODS = {"off": (False, False, False), "softcap": (True, False, False), "sinks": (False, True, True),
+        "all": (True, True, True)}  # (SOFTCAP, ROW_SHIFT, SINK)
+
+
+def _signature(kernel, constexprs: dict) -> dict:
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in FP8_PTRS:
+            sig[name] = "*fp8e4nv"
+        elif name in INT_PTRS:
+            sig[name] = "*i32"
+        elif name in BF16_PTRS:
+            sig[name] = "*bf16"
+        elif name in FLOATS:
+            sig[name] = "fp32"
+        elif name.endswith("_ptr") or (name.isupper() and name not in INTS):
+            sig[name] = "*fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def variants(mods: str):
+    """(name, kernel, constexprs, num_warps) of each kernel the modifiers reach: d = 128, causal,
+    the default recipe's forward and pre-quantized backward launches, the hybrid in-register ones."""
+    from hf_fp8_attention.config import FP8AttentionConfig, FP8Format
+    from hf_fp8_attention.kernels import backward_fp8, backward_inreg, forward
+    from hf_fp8_attention.kernels.constants import tl_fp8
+
+    softcap, shift, sink = MODS[mods]
+    flags = dict(SOFTCAP=softcap, ROW_SHIFT=shift, SINK=sink)
+    e4m3 = tl_fp8(FP8Format.E4M3)
+    fwd = dict(forward._kernel_meta(FP8AttentionConfig(), 128, True, False, False, 0, False, True), BLOCK_M=128)
+    yield "forward", forward._fwd_kernel, {**fwd, **flags}, 8
+    common = dict(HEAD_D=128, BLOCK_D=128, CAUSAL=True, HAS_WINDOW=False, VARLEN=False, POW2=False, DS_DTYPE=e4m3,
+                  DS_MAX=448.0, INTERPRET=False, KV_HEAD=False, COL_SEQ=True, ALIGNED=True, **flags)
+    for name, stats, grads in (("dq_stats", True, False), ("dq", False, True)):
+        yield name, backward_fp8.bwd_dq_fp8_kernel, dict(common, BLOCK_Q=64, BLOCK_K=128, MATCHED=True, DEBUG=False,
+                                                         STATS=stats, GRADS=grads), 4
+    for name, dk, dv in (("dk", True, False), ("dv", False, True)):
+        yield name, backward_fp8.bwd_dkdv_fp8_kernel, dict(common, BLOCK_Q=128, BLOCK_K=64, COMPUTE_DK=dk,
+                                                           COMPUTE_DV=dv, P_FIXED=False), 4
+    inreg = dict(HEAD_D=128, BLOCK_D=128, BLOCK_Q=128, BLOCK_K=128, FP8=False, CAUSAL=True, HAS_WINDOW=False,
+                 VARLEN=False, POW2=False, QKV_DTYPE=e4m3, DO_DTYPE=e4m3, DS_DTYPE=e4m3, DO_MAX=448.0, DS_MAX=448.0,
+                 INTERPRET=False, SOFTCAP=softcap, SINK=sink)
+    yield "inreg_dq", backward_inreg.bwd_dq_inreg_kernel, dict(inreg, MATCHED=True, DEBUG=False), 4
+    yield "inreg_dkdv", backward_inreg.bwd_dkdv_inreg_kernel, inreg, 8
+
+
+def compile_kernel(kernel, constexprs: dict, num_warps: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # another checkout's kernels
+    src = ASTSource(fn=kernel, signature=_signature(kernel, constexprs), constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": 3, "enable_fp_fusion": True})
+
+
+def sass_lines(compiled) -> list[str]:
+    """The instructions of a compiled kernel, parameter offsets masked (their layout moves with the
+    argument list)."""
+    from triton.tools.disasm import get_sass
+
+    text = get_sass(compiled.asm["cubin"])
+    return [re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[param]", line.split("\t", 1)[1].strip())
+            for line in text.splitlines() if "\t" in line and ";" in line]
+
+
+def _digest(mods: str) -> dict:
+    return {name: sass_lines(compile_kernel(kernel, meta, warps)) for name, kernel, meta, warps in variants(mods)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
+    parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
+    args = parser.parse_args(argv)
+    if args.digest:  # the package on PYTHONPATH (the other checkout's)
+        print(json.dumps(_digest("off")))
+        return 0
+    sys.path.insert(0, str(ROOT))
+    if args.against is None:
+        for mods in MODS:
+            for name, kernel, meta, warps in variants(mods):
+                compiled = compile_kernel(kernel, meta, warps)
+                print(f"{mods:8s} {name:11s} {len(sass_lines(compiled)):6d} instructions, {compiled.metadata.shared:6d} B shared memory")
+        return 0
+    ours = _digest("off")
+    # The other checkout's kernels, each under its own package in a fresh interpreter.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(args.against.resolve())
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--digest"], cwd=args.against, env=env,
+                         capture_output=True, text=True, check=True)
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    same = True
+    for name, lines in ours.items():
+        equal = lines == theirs.get(name)
+        same &= equal
+        print(f"{name:11s} {'identical' if equal else 'DIFFERS'} ({len(lines)} instructions)")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
