@@ -147,6 +147,33 @@ def test_inregister_fp8_kernels_refuse_head_dim_256(monkeypatch):
         _run((1, 1, 1, 16, 16, 256), _mask(), config)
 
 
+def test_d256_launch_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch):
+    """LAUNCH_D256's 2-stage shapes fill a block's shared memory to within 1-2 KB; a Triton that
+    allocates more raises OutOfResources at launch, and the launcher falls back to fewer stages."""
+    from triton.runtime.errors import OutOfResources
+
+    real = kernels.bwd_dkdv_fp8_kernel
+    stages_seen = []
+
+    class TooBigWithTwoStages:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                stages_seen.append(kwargs["num_stages"])
+                if kwargs["num_stages"] > 1:
+                    raise OutOfResources(233472, 232448, "shared memory")
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernels, "bwd_dkdv_fp8_kernel", TooBigWithTwoStages())
+    for name in ("dk", "dv"):
+        monkeypatch.setitem(kernels.LAUNCH_D256, name, {"num_warps": 8, "num_stages": 2})
+    (dq, dk, dv), ref = _run((1, 2, 1, 20, 20, 256), _mask(causal=True), FP8AttentionConfig(**TILES))
+    assert stages_seen == [2, 1, 2, 1]  # dK, then dV: each retried once
+    assert kernels.LAUNCH_D256["dk"]["num_stages"] == kernels.LAUNCH_D256["dv"]["num_stages"] == 1
+    for x, r in zip((dq, dk, dv), ref):
+        assert _rel(x, r) <= KERNEL_VS_EMULATION
+
+
 def test_rows_without_keys_and_tokens_outside_sequences_get_zero_gradients():
     # Varlen causal with q_len > kv_len in the first sequence: its first queries sit at negative
     # positions and see no key. Tokens 36..39 belong to no sequence.

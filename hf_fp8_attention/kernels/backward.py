@@ -37,8 +37,10 @@ folded into LSE' and D there (see that module's docstring).
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
@@ -48,6 +50,8 @@ from .constants import LOG2E, tl_fp8
 from .operands import copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
+
+logger = logging.getLogger(__name__)
 
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
 # ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
@@ -258,28 +262,52 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     for stats, grads, launch in dq_passes:
         bm = table["free_tile"][launch] or bq
         bdo = _channel_block(table, launch, dp)
-        bwd_dq_fp8_kernel[(cdiv(max_q, bm), n_seq * hq, dp // bdo)](
+        _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, bm), n_seq * hq, dp // bdo), launch, dp, (
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
             dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k,
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
+            float(scale)), dict(
+            MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
             ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe, BLOCK_DO=bdo,
             **_prequant_launch(launch, bq, bk, dp), **COMPILE_OPTIONS,
-        )
+        ))
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
         bn = table["free_tile"][launch] or bk
         bdo = _channel_block(table, launch, dp)
-        bwd_dkdv_fp8_kernel[(cdiv(max_k, bn), n_seq * hkv, dp // bdo)](
+        _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, bn), n_seq * hkv, dp // bdo), launch, dp, (
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
             lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            float(scale)), dict(
+            **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
             ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe,
             P_FIXED=config.p_scales is PScaling.FIXED, BLOCK_DO=bdo, **_prequant_launch(launch, bq, bk, dp),
             **COMPILE_OPTIONS,
-        )
+        ))
+
+
+def _run_prequant(kernel, grid, launch: str, dp: int, args: tuple, kwargs: dict) -> None:
+    """``kernel[grid](*args, **kwargs)``. At head dim 256 the 2-stage shapes of ``LAUNCH_D256`` fill
+    the 227 KB of shared memory per block to within 1-2 KB (offline, Triton 3.9); where a Triton
+    version allocates more, the launch raises OutOfResources before anything runs, and it is
+    retried with one stage fewer, which the table then keeps (one warning)."""
+    if dp <= 128:
+        kernel[grid](*args, **kwargs)
+        return
+    while True:
+        try:
+            kernel[grid](*args, **kwargs)
+            return
+        except OutOfResources as err:
+            stages = kwargs["num_stages"]
+            if stages <= 1:
+                raise
+            logger.warning("triton_backward: %s launch at head dim %d: %s; retrying with %d stage(s)",
+                           launch, dp, err, stages - 1)
+            LAUNCH_D256[launch]["num_stages"] = min(LAUNCH_D256[launch]["num_stages"], stages - 1)
+            kwargs = {**kwargs, "num_stages": stages - 1}
 
 
 def _channel_block(table: dict, launch: str, dp: int) -> int:
