@@ -21,6 +21,7 @@ versions, and prints the table last.
 
     python benchmarks/bench_attention.py                         # forward, the full grid
     python benchmarks/bench_attention.py --modes fwd,bwd,fwdbwd --memory
+    python benchmarks/bench_attention.py --dims 256 --heads 8 --modes fwd,fwdbwd   # Gemma 2/3's head dim
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_fp8_attention import RECIPES, fp8_attention  # noqa: E402
+from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
@@ -68,6 +69,9 @@ def parse_args(argv=None):
     bad = set(args.configs) - set(RECIPES)
     if bad:
         p.error(f"unknown configs {sorted(bad)}; choose from {sorted(RECIPES)}")
+    bad = set(args.dims) - set(SUPPORTED_HEAD_DIMS)
+    if bad:
+        p.error(f"unsupported head dims {sorted(bad)}; choose from {list(SUPPORTED_HEAD_DIMS)}")
     bad = set(args.sdpa) - {"cudnn", "flash"}
     if bad:
         p.error(f"unknown SDPA backends {sorted(bad)}; choose from cudnn, flash")

@@ -1,16 +1,40 @@
-"""Registers, spills and shared memory of each Triton attention kernel as compiled for this GPU.
+"""Registers, spills and shared memory of each Triton attention kernel as compiled for a GPU.
 
-One fwd+bwd of the FP8 attention op at a benchmark shape; every kernel launch is recorded and its
-compiled resources printed (``n_regs`` per thread, ``n_spills`` = bytes spilled to local memory).
-Pin the forward launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) to skip autotuning.
-Usage (CUDA): ``python benchmarks/kernel_resources.py --seq 8192 --heads 16 --dim 128``.
+Two modes:
+
+- On a CUDA GPU: one fwd+bwd of the FP8 attention op at a benchmark shape; every kernel launch is
+  recorded and its compiled resources printed (``n_regs`` per thread, ``n_spills`` = bytes of local
+  memory). Pin the forward launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) to skip autotuning.
+  ``python benchmarks/kernel_resources.py --seq 8192 --heads 16 --dim 128``
+- ``--offline`` (any machine with Triton and its bundled ptxas, no GPU needed): the package's host
+  code runs on CPU tensors, and every launch it makes is compiled for sm_90a instead of run, with
+  Triton's own argument specialization (so the compile is the one a GPU launch would get). Every
+  candidate of the forward's autotune space is compiled. Registers and spills come from
+  ``ptxas -v`` on the PTX (the flags Triton passes), shared memory from Triton's allocation.
+  ``python benchmarks/kernel_resources.py --offline --dims 128 256``
+
+Offline counts are a guide, not a measurement: benchmarks/NOTES.md ("Offline compiles") lists where
+they pointed the wrong way; the device's SASS (Nsight Compute) and timings decide.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Hopper: 227 KB of shared memory per block (232448 bytes), 255 registers per thread.
+SMEM_LIMIT = 232448
+OFFLINE_RECIPES = ("fp8_delta", "fp8_stale", "fp8_delta_fast", "fp8_delta_tile", "hybrid_delta")
+OFFLINE_MASKS = ("causal", "dense", "window", "varlen")
 
 
 def _record(jit_fn, seen: dict):
@@ -25,15 +49,9 @@ def _record(jit_fn, seen: dict):
     jit_fn.run = recording_run
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq", type=int, default=8192)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--causal", type=int, default=1)
-    args = parser.parse_args(argv)
+def gpu_main(args) -> None:
     if not torch.cuda.is_available():
-        raise SystemExit("kernel_resources.py needs a CUDA GPU")
+        raise SystemExit("kernel_resources.py needs a CUDA GPU without --offline")
 
     import hf_fp8_attention  # noqa: F401  (registers the ops)
     from hf_fp8_attention import fp8_attention
@@ -57,6 +75,248 @@ def main(argv=None) -> None:
     for name, c in sorted(seen.items()):
         meta = c.metadata
         print(f"{name:40s} {c.n_regs:5d} {c.n_spills:8d} {meta.shared:8d} {meta.num_warps:5d} {meta.num_stages:6d}")
+
+
+# --------------------------------------------------------------------------------------------
+# offline: compile every launch for sm_90a on the CPU
+# --------------------------------------------------------------------------------------------
+
+
+class OfflineCompiler:
+    """Replaces ``JITFunction.run`` while active: a launch compiles for ``target`` and is recorded
+    (kernel, constexprs, options, resources) instead of running. Its result buffers stay as the host
+    code allocated them (uninitialised); nothing reads them."""
+
+    def __init__(self, capability: int = 90):
+        from triton import knobs
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+
+        self.target = GPUTarget("cuda", capability, 32)
+        self.backend = make_backend(self.target)
+        self.ptxas = (knobs.nvidia.ptxas_blackwell if capability >= 90 else knobs.nvidia.ptxas).path
+        self.arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
+        self.records: list[dict] = []
+        self.context: dict = {}
+        self._resources: dict = {}
+
+    def __enter__(self):
+        from triton.runtime.jit import JITFunction
+
+        self._saved = JITFunction.run
+        compiler = self
+
+        def offline_run(fn, *args, grid, warmup, **kwargs):
+            return compiler.compile(fn, args, kwargs)
+
+        JITFunction.run = offline_run
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.run = self._saved
+
+    def compile(self, fn, args, kwargs):
+        from triton.compiler import ASTSource
+        from triton.compiler import compile as triton_compile
+        from triton.runtime.jit import create_function_from_signature
+
+        binder = create_function_from_signature(fn.signature, fn.params, self.backend)
+        bound_args, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound_args, specialization,
+                                                               options)
+        try:
+            kernel = triton_compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
+                                    options=options.__dict__)
+        except Exception as err:  # a candidate that does not compile (shared memory, ptxas) is a row too
+            self.records.append(dict(self.context, kernel=fn.__name__, consts=_named_consts(fn, constexprs),
+                                     warps=options.num_warps, stages=options.num_stages,
+                                     error=f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"))
+            return None
+        key = kernel.hash
+        if key not in self._resources:
+            self._resources[key] = self.ptxas_resources(kernel.asm["ptx"])
+        regs, stack, spill_st, spill_ld = self._resources[key]
+        self.records.append(dict(self.context, kernel=fn.__name__, consts=_named_consts(fn, constexprs),
+                                 warps=options.num_warps, stages=options.num_stages, smem=kernel.metadata.shared,
+                                 regs=regs, stack=stack, spill_st=spill_st, spill_ld=spill_ld))
+        return kernel
+
+    def ptxas_resources(self, ptx: str) -> tuple[int, int, int, int]:
+        """(registers, stack frame, spill stores, spill loads) in bytes, from ``ptxas -v`` with the
+        flags Triton's own compile passes."""
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "kernel.ptx")
+            Path(src).write_text(ptx)
+            log = subprocess.run([self.ptxas, "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={self.arch}",
+                                  src, "-o", os.path.join(tmp, "kernel.cubin")],
+                                 capture_output=True, text=True, check=True).stderr
+        regs = re.search(r"Used (\d+) registers", log)
+        spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        return (int(regs.group(1)), *(int(x) for x in spills.groups()))
+
+
+def _named_consts(fn, constexprs: dict) -> dict:
+    names = fn.arg_names
+    return {names[path[0]]: getattr(value, "value", value) for path, value in constexprs.items() if len(path) == 1}
+
+
+def launch_label(rec: dict) -> str:
+    """Which launch a record is: the kernel and the constexprs that tell its launches apart."""
+    c, name = rec["consts"], rec["kernel"]
+    if name == "_fwd_kernel":
+        return f"forward BLOCK_M={c['BLOCK_M']}"
+    if name == "bwd_dq_fp8_kernel":
+        job = {(True, False): "dq_stats", (False, True): "dq", (True, True): "dq+stats"}[(c["STATS"], c["GRADS"])]
+        return f"{job} {c['BLOCK_Q']}x{c['BLOCK_K']}"
+    if name == "bwd_dkdv_fp8_kernel":
+        job = {(True, False): "dk", (False, True): "dv", (True, True): "dkdv"}[(c["COMPUTE_DK"], c["COMPUTE_DV"])]
+        return f"{job} {c['BLOCK_K']}x{c['BLOCK_Q']}"
+    if name in ("bwd_dq_inreg_kernel", "bwd_dkdv_inreg_kernel"):
+        mode = "bf16" if not c["FP8"] else "fp8"
+        return f"{name[4:-7]} {mode} {c['BLOCK_Q']}x{c['BLOCK_K']}"
+    if name == "quantize_kernel":
+        rot = " rotated" if c["X_ROTATE"] or c["Y_ROTATE"] else ""
+        return f"quantize{rot} rows{c['ROW_CHUNK']}/cols{c['COL_GROUP']}"
+    if name == "_partials_kernel":
+        return f"stats partials sub{c['SUB']}"
+    if name == "_finish_kernel":
+        return "stats finish"
+    return name
+
+
+def _offline_inputs(d: int, mask_kind: str, seq: int):
+    from hf_fp8_attention.masking import MaskSpec
+
+    hq, hkv = 4, 2  # GQA: the dK/dV kernels loop over the group
+    sq = sk = seq
+    if mask_kind == "causal":
+        mask = MaskSpec(causal=True)
+    elif mask_kind == "dense":
+        mask, sq, sk = MaskSpec(), seq - 24, seq - 24  # not a multiple of the tiles: every loop compiled
+    elif mask_kind == "window":
+        mask = MaskSpec(causal=True, window=seq // 3)
+    elif mask_kind == "varlen":
+        cu = torch.tensor([0, seq // 3, seq], dtype=torch.int32)
+        longest = seq - seq // 3
+        mask = MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    else:
+        raise ValueError(f"unknown mask kind {mask_kind!r}; known: {', '.join(OFFLINE_MASKS)}")
+    q, do = (torch.randn(1, hq, sq, d, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, hkv, sk, d, dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v, do, mask
+
+
+def offline_main(args) -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    from hf_fp8_attention import RECIPES
+    from hf_fp8_attention.kernels import backward, forward
+
+    # The host code asks the device two things: TMA (sm_90 has it) and the SM count (H200: 132).
+    forward._use_tma = lambda device: forward.os.environ.get(forward.TMA_ENV, "1") != "0"
+    forward._sm_count = lambda index: 132
+    backward._check_limits = lambda q, config: None
+
+    class EveryCandidate:
+        """Stands in for the forward's tuner: compiles every candidate of the space it is given."""
+
+        def pick(self, key, launch, candidates=None):
+            space = candidates if candidates is not None else forward.FORWARD_TUNER.candidates
+            for cand in space:
+                launch(cand)
+            return space[0]
+
+    tuner = forward.FORWARD_TUNER
+    forward.FORWARD_TUNER = EveryCandidate()
+    forward.FORWARD_TUNER.candidates = tuner.candidates
+    rows = []
+    try:
+        with OfflineCompiler(args.capability) as comp:
+            for d in args.dims:
+                for recipe in args.recipes:
+                    for mask_kind in args.masks:
+                        comp.context = dict(d=d, recipe=recipe, mask=mask_kind)
+                        q, k, v, do, mask = _offline_inputs(d, mask_kind, args.seq)
+                        config = RECIPES[recipe]
+                        scale = d ** -0.5
+                        out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+                        backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+                        print(f"compiled d={d} {recipe} {mask_kind}", file=sys.stderr, flush=True)
+            rows = comp.records
+    finally:
+        forward.FORWARD_TUNER = tuner
+    print_table(rows, args)
+
+
+def print_table(rows: list[dict], args) -> None:
+    print(f"# offline compile for sm_{args.capability}a · triton {triton.__version__} · torch {torch.__version__} · "
+          f"Hq=4, Hkv=2, bf16; ptxas -v registers and spills, Triton's shared memory (limit {SMEM_LIMIT} B per "
+          f"block)")
+    print(f"# masks: causal S={args.seq}; dense non-causal S={args.seq - 24} (partial tiles: every loop compiled); "
+          f"window causal, w=S/3; varlen causal, two packed sequences")
+    header = f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':34s} {'warps':>5s} {'stages':>6s} {'regs':>4s} " \
+             f"{'spill st/ld B':>13s} {'smem B':>7s}"
+    print(header)
+    seen = set()
+    for r in rows:
+        label = launch_label(r)
+        key = (r["d"], r["recipe"], r["mask"], label, r["warps"], r["stages"])
+        if key in seen:  # the same launch made twice in one call (e.g. the tuner's pick)
+            continue
+        seen.add(key)
+        if "error" in r:
+            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {r['warps']:5d} {r['stages']:6d} "
+                  f"does not compile: {r['error']}")
+            continue
+        flag = "  OVER" if r["smem"] > SMEM_LIMIT else ""
+        print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {r['warps']:5d} {r['stages']:6d} "
+              f"{r['regs']:4d} {r['spill_st']:6d}/{r['spill_ld']:<6d} {r['smem']:7d}{flag}")
+    # Per head dim and launch: the worst case over recipes and masks.
+    print()
+    print("# worst case per launch over the recipes and masks above")
+    print(f"{'d':>4s} {'launch':34s} {'warps':>5s} {'stages':>6s} {'max regs':>8s} {'max spill st B':>14s} "
+          f"{'max smem B':>10s} {'cases':>5s}")
+    worst: dict = {}
+    counted = set()
+    for r in rows:
+        if "error" in r:
+            continue
+        key = (r["d"], launch_label(r), r["warps"], r["stages"])
+        if key + (r["recipe"], r["mask"]) in counted:  # a launch made twice in one call
+            continue
+        counted.add(key + (r["recipe"], r["mask"]))
+        w = worst.setdefault(key, dict(regs=0, spill=0, smem=0, n=0))
+        w["regs"] = max(w["regs"], r["regs"])
+        w["spill"] = max(w["spill"], r["spill_st"])
+        w["smem"] = max(w["smem"], r["smem"])
+        w["n"] += 1
+    for (d, label, warps, stages), w in sorted(worst.items()):
+        flag = "  OVER" if w["smem"] > SMEM_LIMIT else ""
+        print(f"{d:4d} {label:34s} {warps:5d} {stages:6d} {w['regs']:8d} {w['spill']:14d} {w['smem']:10d} "
+              f"{w['n']:5d}{flag}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int, default=None, help="tokens (GPU default 8192, offline 1024)")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--causal", type=int, default=1)
+    parser.add_argument("--offline", action="store_true", help="compile for sm_90a on this machine, no GPU")
+    parser.add_argument("--dims", type=int, nargs="+", default=[128, 256], help="offline: head dims")
+    parser.add_argument("--recipes", type=lambda s: s.split(","), default=list(OFFLINE_RECIPES),
+                        help="offline: comma-separated recipe names")
+    parser.add_argument("--masks", type=lambda s: s.split(","), default=list(OFFLINE_MASKS),
+                        help=f"offline: comma-separated mask kinds ({', '.join(OFFLINE_MASKS)})")
+    parser.add_argument("--capability", type=int, default=90, help="offline: compute capability (90: H100/H200)")
+    args = parser.parse_args(argv)
+    if args.offline:
+        args.seq = args.seq or 1024
+        offline_main(args)
+    else:
+        args.seq = args.seq or 8192
+        gpu_main(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ counted, as when the GPU runs ahead of the host in training), the bytes the kern
 (read x once; write the codes and scales) per second, and that rate over the rate of
 ``torch.clone`` on the same tensor in the same run (read + write: a practical bandwidth ceiling).
 ``--sweep`` first times every (row_chunk, col_group, num_warps) in ``SWEEP`` per mode and keeps the
-fastest in total (the three modes summed) in ``QUANT_LAUNCH``.
+fastest in total (the three modes summed) in the head dim's table (``QUANT_LAUNCH``, at 256
+``QUANT_LAUNCH_D256``: ``quantize.quant_launch``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import triton
 from triton.testing import do_bench_cudagraph
 
-from hf_fp8_attention.kernels.quantize import QUANT_LAUNCH, padded_head_dim, quantize_operand
+from hf_fp8_attention.kernels.quantize import padded_head_dim, quant_launch, quantize_operand
 
 MODES = {"row": (True, False), "col": (False, True), "row+col": (True, True)}
 SWEEP = [(chunk, group, warps) for chunk in (16, 32, 64) for group in (16, 32, 64) for warps in (2, 4, 8)]
@@ -50,22 +51,23 @@ def _quant_fn(x, row, col):
 
 
 def sweep(x: torch.Tensor) -> dict:
-    """Time every launch of SWEEP per mode on x; set QUANT_LAUNCH to the fastest in total."""
-    saved = dict(QUANT_LAUNCH)
+    """Time every launch of SWEEP per mode on x; set x's launch table to the fastest in total."""
+    table = quant_launch(False, padded_head_dim(x.shape[-1]))
+    saved = dict(table)
     totals = {}
     print(f"sweep on {tuple(x.shape)} (us per call):")
     try:
         for chunk, group, warps in SWEEP:
-            QUANT_LAUNCH.update(row_chunk=chunk, col_group=group, num_warps=warps)
+            table.update(row_chunk=chunk, col_group=group, num_warps=warps)
             times = {mode: _time_us(_quant_fn(x, *flags), rep=40) for mode, flags in MODES.items()}
             totals[(chunk, group, warps)] = sum(times.values())
             print(f"  row_chunk={chunk:3d} col_group={group:3d} warps={warps}  "
                   + "  ".join(f"{m} {t:7.1f}" for m, t in times.items())
                   + f"  total {totals[(chunk, group, warps)]:7.1f}", flush=True)
     finally:
-        QUANT_LAUNCH.update(saved)
+        table.update(saved)
     best = dict(zip(("row_chunk", "col_group", "num_warps"), min(totals, key=totals.get)))
-    QUANT_LAUNCH.update(best)
+    table.update(best)
     print(f"fastest: {best}")
     return best
 
@@ -78,10 +80,11 @@ def run(seqs, heads, head_dim, tokens, out_dir, do_sweep):
     if do_sweep:
         x = torch.randn(tokens // 8192, heads, 8192, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
         env["sweep_best"] = sweep(x)
-    env["launch"] = dict(QUANT_LAUNCH)
+    launch = quant_launch(False, padded_head_dim(head_dim))
+    env["launch"] = dict(launch)
     rows = []
     header = "| S | B | mode | us | TB/s | clone TB/s | x clone |"
-    lines = [f"launch {QUANT_LAUNCH}, H={heads}, D={head_dim}, bf16, {tokens} tokens per batch", "", header,
+    lines = [f"launch {launch}, H={heads}, D={head_dim}, bf16, {tokens} tokens per batch", "", header,
              "|---|---|---|---|---|---|---|"]
     for s in seqs:
         b = max(tokens // s, 1)

@@ -4,8 +4,8 @@ and the statistics kernel's rotated extremes, each against the same launch witho
     python benchmarks/rotation_bench.py --seq 8192 --batch 2 --heads 16 --dim 128
 
 Prints microseconds per launch (median of triton.testing.do_bench) for every (tokens per dot,
-warps) in SHAPES, so ``quantize.ROTATED_LAUNCH`` and ``sequence_stats.ROTATED_PARTIALS`` can be set
-to the fastest.
+warps) in SHAPES, so ``quantize.ROTATED_LAUNCH`` and ``sequence_stats.ROTATED_PARTIALS`` (at head
+dim 256 their ``_D256`` twins, which the runs below change) can be set to the fastest.
 """
 from __future__ import annotations
 
@@ -40,12 +40,13 @@ def main() -> None:
 
     plain = us(lambda: quantize_operands((x,), (Copies(True, False),), block=128))
     print(f"quantize row copy, no rotation: {plain:7.1f} us ({gb / plain * 1e3:.2f} TB/s read)")
-    saved = dict(quantize.ROTATED_LAUNCH)
+    rotated = quantize.quant_launch(True, quantize.padded_head_dim(a.dim))
+    saved = dict(rotated)
     for chunk, warps in SHAPES:
-        quantize.ROTATED_LAUNCH.update(row_chunk=chunk, num_warps=warps)
+        rotated.update(row_chunk=chunk, num_warps=warps)
         t = us(lambda: quantize_operands((x,), (Copies(True, False, rotate=True),), block=128))
         print(f"quantize row copy, rotated, {chunk:>3} tokens per dot, {warps} warps: {t:7.1f} us")
-    quantize.ROTATED_LAUNCH.update(saved)
+    rotated.update(saved)
 
     # The forward's K/V launch: K's rotated row-wise copy beside V's channel-wise copy, which then
     # runs on the rotated launch's warps.
@@ -53,23 +54,24 @@ def main() -> None:
     plain = us(lambda: quantize_operands((x, x), (Copies(True, False), Copies(False, True)), block=128))
     print(f"K rows + V columns, no rotation: {plain:7.1f} us")
     for group in (16, 32, 64):
-        quantize.ROTATED_LAUNCH.update(col_group=group)
+        rotated.update(col_group=group)
         t = us(lambda: quantize_operands((x, x), pair, block=128))
         print(f"K rows rotated + V columns, {group:>2} channels per group: {t:7.1f} us")
-    quantize.ROTATED_LAUNCH.update(saved)
+    rotated.update(saved)
     split = us(lambda: (quantize_operands((x,), pair[:1], block=128), quantize_operands((x,), pair[1:], block=128)))
     print(f"K rows rotated, V columns, two launches: {split:7.1f} us")
 
     for need in (StatsNeed(smooth=True, row_amax=True), StatsNeed(row_amax=True), StatsNeed(col_amax=True)):
         plain = us(lambda: sequence_stats.sequence_stats((x,), (need,)))
         print(f"statistics, no rotation, {need}: {plain:7.1f} us")
-    saved = dict(sequence_stats.ROTATED_PARTIALS)
+    partials = sequence_stats.ROTATED_PARTIALS_D256 if a.dim > 128 else sequence_stats.ROTATED_PARTIALS
+    saved = dict(partials)
     for sub, warps in SHAPES:
-        sequence_stats.ROTATED_PARTIALS.update(sub=sub, num_warps=warps)
+        partials.update(sub=sub, num_warps=warps)
         for need in (StatsNeed(rotate=True, smooth=True, row_amax=True), StatsNeed(rotate=True, row_amax=True)):
             t = us(lambda: sequence_stats.sequence_stats((x,), (need,)))
             print(f"statistics, rotated, {sub:>3} tokens per dot, {warps} warps, smooth={need.smooth}: {t:7.1f} us")
-    sequence_stats.ROTATED_PARTIALS.update(saved)
+    partials.update(saved)
 
 
 if __name__ == "__main__":

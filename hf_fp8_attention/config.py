@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 # Head dims the kernels and the emulation support (the kernels pad each to a power of two: 80 and
-# 96 run as 128 with zero channels, as Phi-2-class models' 80 does).
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)
+# 96 run as 128 with zero channels, as Phi-2-class models' 80 does; 256 is Gemma 2 / Gemma 3's).
+SUPPORTED_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
 class FP8Format(str, enum.Enum):
@@ -142,8 +142,9 @@ class FP8AttentionConfig:
     Exact transforms of the QKᵀ operands (QKᵀ's softmax is unchanged, so only the quantization
     error changes): ``smooth_k`` subtracts the keys' channel mean over each (sequence, kv head)
     before K is quantized for QKᵀ (each row of S shifts by a constant); ``hadamard`` rotates Q
-    and K along the head dim by a ±1 Hadamard matrix (blocks of 32 channels for head dims that
-    are not a power of two), folding its 1/size into the softmax scale.
+    and K along the head dim by a ±1 Hadamard matrix (block-diagonal, blocks of the largest power of
+    two dividing the head dim, at most 128: 80 -> 16, 96 -> 32, 256 -> two of 128), folding its
+    1/block into the softmax scale.
 
     ``delta`` picks Delta-Matching (``"matched"``) or the stale rowsum(dO ∘ O) (``"stale"``);
     ``backward`` picks FP8 backward matmuls (``"fp8"``) or the hybrid bf16 backward (``"bf16"``).

@@ -22,7 +22,7 @@ import torch
 
 def hadamard_block(head_dim: int) -> int:
     """Channels per Hadamard block: the largest power of two dividing ``head_dim``, at most 128
-    (64 -> 64, 96 -> 32, 128 -> 128)."""
+    (64 -> 64, 96 -> 32, 128 -> 128, 256 -> 128: two blocks)."""
     if head_dim < 1:
         raise ValueError(f"head_dim must be positive, got {head_dim}")
     return min(head_dim & -head_dim, 128)

@@ -3,7 +3,7 @@
 (tests/test_kernel_matrix_interpreter.py, a small slice).
 
 A case fixes every axis the kernels branch or specialise on: batch, query/kv heads (GQA/MQA),
-query/key lengths (1, odd, around and at multiples of the 128-token tiles), head dim 64/96/128,
+query/key lengths (1, odd, around and at multiples of the 128-token tiles), head dim 64/96/128/256,
 dtype bf16/fp16/fp32, causal, sliding window, the layout and the recipe:
 
 - layout ``dense``: ``(B, H, S, D)`` with causal/window masks; ``Sq < Sk`` aligns the causal
@@ -32,7 +32,7 @@ from hf_fp8_attention.config import DeltaMode
 from hf_fp8_attention.masking import MaskSpec
 
 LAYOUTS = ("dense", "left_pad", "right_pad", "packed")
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (64, 96, 128, 256)
 DTYPES = ("bfloat16", "float16", "float32")
 HEADS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (3, 3))  # (query heads, kv heads)
 GPU_LENGTHS = (1, 2, 15, 17, 31, 33, 64, 65, 100, 127, 128, 129, 191, 255, 256, 257, 300, 384)
@@ -81,7 +81,7 @@ def generate(n: int, seed: int, lengths=GPU_LENGTHS, dtypes=DTYPES, max_batch: i
     """``n`` cases; shapes, heads, window sizes, padding and packing are drawn from ``random.Random(seed)``.
 
     ``grouped``: the axes the kernels are compiled for (recipe and delta, head dim, dtype, causal,
-    window, varlen or not) take one of ``3 * len(recipe_deltas())`` fixed combinations, so the
+    window, varlen or not) take one of ``len(HEAD_DIMS) * len(recipe_deltas())`` fixed combinations, so the
     matrix compiles a bounded number of kernel variants (Triton compiles every combination once:
     seconds each, the bulk of a cold run) while every (recipe, delta) pair still meets every head
     dim and every dtype, and each combination gets several shapes. Not grouped: every axis cycles
@@ -89,11 +89,11 @@ def generate(n: int, seed: int, lengths=GPU_LENGTHS, dtypes=DTYPES, max_batch: i
     """
     rng = random.Random(seed)
     pairs = recipe_deltas()
-    n_groups = 3 * len(pairs)
+    n_groups = len(HEAD_DIMS) * len(pairs)
     cases = []
     for i in range(n):
         j = i % n_groups if grouped else i
-        t, r = (j // len(pairs)) % 3, j % len(pairs)
+        t, r = (j // len(pairs)) % len(HEAD_DIMS), j % len(pairs)
         recipe, delta = pairs[r]
         d = HEAD_DIMS[t] if grouped else HEAD_DIMS[i % len(HEAD_DIMS)]
         dtype = dtypes[(r + t) % len(dtypes)] if grouped else dtypes[i % len(dtypes)]

@@ -89,6 +89,18 @@ CASES = {
                           {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
                            "delta": "stale"}),
     "tile_recipe": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
+    # Head dim 256: dQ, dK and dV in two 128-channel blocks per tile (LAUNCH_D256["channel_block"]),
+    # with each recipe's channel scales (per sequence, per tile, per head), the stale delta's fused
+    # statistics, GQA's per-head rescale; the hybrid kernels on their own tiles. (Packed, windowed
+    # d = 256: tests/test_kernel_matrix_interpreter.py's slice. The fast recipe's rotated statistics
+    # cost ~4 s per head under the interpreter: one head here.)
+    "causal_gqa_d256": ((1, 2, 1, 20, 20, 256), {"causal": True}, {}),
+    "stale_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"delta": "stale"}),
+    "fast_recipe_d256": ((1, 1, 1, 20, 20, 256), {"causal": True},
+                         {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed"}),
+    "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True},
+                         {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
+    "hybrid_matched_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}),
 }
 # The in-register FP8 kernels run the first release's recipe only.
 TILE_RECIPE = {"channel_scales": "tile", "smooth_k": False, "hadamard": False}
@@ -107,13 +119,16 @@ def fp8_path(request, monkeypatch):
 
 
 # The other schedules share the masking/tiling code of the default one: a few cases suffice.
-FEW_CASES = ("causal_gqa_qshort_odd", "varlen_causal", "pow2_e5m2", "stale_causal")
+FEW_CASES = ("causal_gqa_qshort_odd", "varlen_causal", "pow2_e5m2", "stale_causal", "causal_gqa_d256")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernel_matches_emulation(name, fp8_path):
     if fp8_path != "prequant" and (name not in FEW_CASES or "hybrid" in name):
         pytest.skip(f"{fp8_path} schedule: the cases {FEW_CASES} suffice")
+    if fp8_path == "inregister" and CASES[name][0][-1] > 128:
+        pytest.skip("the in-register FP8 kernels refuse head dims above 128 "
+                    "(test_inregister_fp8_kernels_refuse_head_dim_256)")
     shape, mask_kw, cfg_kw = CASES[name]
     if fp8_path == "inregister":
         cfg_kw = {**cfg_kw, **TILE_RECIPE}
@@ -123,6 +138,40 @@ def test_kernel_matches_emulation(name, fp8_path):
         assert x.shape == r.shape and x.dtype == r.dtype, label
         assert torch.isfinite(x).all(), label
         assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+
+
+def test_inregister_fp8_kernels_refuse_head_dim_256(monkeypatch):
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", False)
+    config = FP8AttentionConfig(**TILES, **TILE_RECIPE)
+    with pytest.raises(ValueError, match=r"in-register FP8 kernels .* head dims up to 128, got 256.*prequant"):
+        _run((1, 1, 1, 16, 16, 256), _mask(), config)
+
+
+def test_d256_launch_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch):
+    """LAUNCH_D256's 2-stage shapes fill a block's shared memory to within 1-2 KB; a Triton that
+    allocates more raises OutOfResources at launch, and the launcher falls back to fewer stages."""
+    from triton.runtime.errors import OutOfResources
+
+    real = kernels.bwd_dkdv_fp8_kernel
+    stages_seen = []
+
+    class TooBigWithTwoStages:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                stages_seen.append(kwargs["num_stages"])
+                if kwargs["num_stages"] > 1:
+                    raise OutOfResources(233472, 232448, "shared memory")
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernels, "bwd_dkdv_fp8_kernel", TooBigWithTwoStages())
+    for name in ("dk", "dv"):
+        monkeypatch.setitem(kernels.LAUNCH_D256, name, {"num_warps": 8, "num_stages": 2})
+    (dq, dk, dv), ref = _run((1, 2, 1, 20, 20, 256), _mask(causal=True), FP8AttentionConfig(**TILES))
+    assert stages_seen == [2, 1, 2, 1]  # dK, then dV: each retried once
+    assert kernels.LAUNCH_D256["dk"]["num_stages"] == kernels.LAUNCH_D256["dv"]["num_stages"] == 1
+    for x, r in zip((dq, dk, dv), ref):
+        assert _rel(x, r) <= KERNEL_VS_EMULATION
 
 
 def test_rows_without_keys_and_tokens_outside_sequences_get_zero_gradients():
@@ -139,11 +188,13 @@ def test_rows_without_keys_and_tokens_outside_sequences_get_zero_gradients():
         assert _rel(x, r) <= KERNEL_VS_EMULATION
 
 
-def test_matched_row_sums_vanish_and_stale_do_not():
+@pytest.mark.parametrize("d", [64, 256])
+def test_matched_row_sums_vanish_and_stale_do_not(d):
     """Σ_j dS_ij of the kernel's own fp32 dS: fp32 rounding level when matched (sums of <= 32
     terms of size P|dP|, so |Σ| / Σ P|dP| <= ~32 · 2^-24 ≈ 2e-6; bound 1e-5), and orders of
-    magnitude larger with the stale delta (FP8 dO·V vs rowsum(dO∘O): ~1e-2)."""
-    shape, mask = (1, 1, 1, 32, 32, 64), _mask(causal=True)
+    magnitude larger with the stale delta (FP8 dO·V vs rowsum(dO∘O): ~1e-2). d = 256: the row
+    sums come from the first of dQ's two channel blocks."""
+    shape, mask = (1, 1, 1, 32, 32, d), _mask(causal=True)
     residual = {}
     for delta in ("matched", "stale"):
         config = FP8AttentionConfig(**TILES, delta=delta)
@@ -216,6 +267,8 @@ SPLIT_CASES = {
     "causal_gqa_aligned": ((1, 2, 1, 64, 64, 64), {"causal": True}, (16, 32)),
     "causal_window_aligned": ((1, 1, 1, 64, 96, 64), {"causal": True, "window": 64}, (16, 32)),
     "window_noncausal_aligned": ((1, 1, 1, 96, 64, 64), {"window": 48}, (16, 16)),
+    # head dim 256: the channel blocks in interior and boundary tiles
+    "causal_window_d256": ((1, 1, 1, 80, 80, 256), {"causal": True, "window": 48}, (16, 32)),
 }
 TILE_LOOPS = ("_dq_stats_tiles", "_dq_tiles", "_dkdv_tiles")
 
@@ -239,7 +292,8 @@ def _count_tiles(monkeypatch):
 def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
     shape, mask_kw, (bm, bn) = SPLIT_CASES[name]
     monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
-    monkeypatch.setitem(kernels.LAUNCH, "free_tile", {"dq": bm, "dq_stats": bm, "dkdv": bn, "dk": bn, "dv": bn})
+    for table in (kernels.LAUNCH, kernels.LAUNCH_D256):
+        monkeypatch.setitem(table, "free_tile", {"dq": bm, "dq_stats": bm, "dkdv": bn, "dk": bn, "dv": bn})
     counts = _count_tiles(monkeypatch)
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
     for loop in TILE_LOOPS:

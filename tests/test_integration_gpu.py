@@ -28,6 +28,7 @@ from test_integration_models import (
     logits_and_grads,
     rel,
     same_weights,
+    tiny_gemma,
     tiny_model,
     tokens,
 )
@@ -42,7 +43,7 @@ EMULATION = register_fp8_attention("fp8_delta_emulation_test", RECIPES["fp8_delt
 @pytest.fixture(autouse=True)
 def _pinned_launch(monkeypatch):
     # One forward launch configuration (as tests/gpu): autotuning every shape costs minutes.
-    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3")
+    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3;256:64,8,2")
 
 
 def _cuda(model):
@@ -63,6 +64,16 @@ def test_kernels_match_emulation_in_a_model(family, monkeypatch):
     kernel_logits, kernel_grads = logits_and_grads(model, x)
     emu_logits, emu_grads = logits_and_grads(_cuda(same_weights(model.cpu(), EMULATION)), x)
     assert calls and all(d.type == "cuda" for d in calls)
+    assert rel(kernel_logits, emu_logits) < KERNEL_LOGITS
+    assert rel(_flat(kernel_grads), _flat(emu_grads)) < KERNEL_GRADS
+
+
+def test_kernels_match_emulation_in_a_head_dim_256_gemma():
+    # Gemma 3 (head_dim 256, a windowed and a global layer): the d = 256 launches in a model.
+    model = _cuda(tiny_gemma("gemma3_text", "fp8_delta"))
+    x = tokens(2, 40).cuda()
+    kernel_logits, kernel_grads = logits_and_grads(model, x)
+    emu_logits, emu_grads = logits_and_grads(_cuda(same_weights(model.cpu(), EMULATION)), x)
     assert rel(kernel_logits, emu_logits) < KERNEL_LOGITS
     assert rel(_flat(kernel_grads), _flat(emu_grads)) < KERNEL_GRADS
 

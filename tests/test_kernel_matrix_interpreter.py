@@ -3,7 +3,7 @@
 Five tiny cases (sequence lengths <= 40, 16-token tiles via ``block_q = block_k = 16``: several
 tiles and partial ones) through the same case builder as the GPU matrix
 (tests/gpu/test_kernel_matrix.py): dense, left/right padded and packed layouts, head dims
-64/96/128, causal and not, windows, decode-shaped queries, recipes and delta modes. The Triton
+64/96/128/256, causal and not, windows, decode-shaped queries, recipes and delta modes. The Triton
 forward and backward against the emulation, with the interpreter tests' bounds
 (tests/test_kernels_interpreter.py, tests/test_backward_interpreter.py: fp32 summation order only,
 the FP8 codes are identical): forward ``‖ΔO‖/‖O‖ <= 2e-5`` and ``|ΔLSE| / max(1, |LSE|) <= 2e-5``
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_matrix  # noqa: E402
 
-# The first five of eight generated cases: they cover the four layouts and the three head dims; the
-# other three (packed and padded rows at d = 96/128 with the sequence-statistics recipes) took
-# 34-88 s each under the interpreter, which the CI's time budget cannot spend on a slice.
+# The first five of eight generated cases: they cover the four layouts and the four head dims; the
+# other three (padded and packed rows at d = 96/128/256 with the sequence-statistics recipes; such
+# cases took 34-88 s each under the interpreter) the CI's time budget cannot spend on a slice.
 SLICE = [c for c in kernel_matrix.generate(8, seed=7, lengths=kernel_matrix.SLICE_LENGTHS, dtypes=("float32",),
                                            max_batch=2, grouped=False) if c.index < 5]
 TILES = dict(block_q=16, block_k=16)
@@ -111,7 +111,7 @@ def test_gpu_matrix_covers_every_axis():
                                                          for d in kernel_matrix.HEAD_DIMS}
     assert {(c.recipe, c.delta, c.dtype) for c in cases} == {(r, m, t) for r, m in kernel_matrix.recipe_deltas()
                                                              for t in kernel_matrix.DTYPES}
-    assert len(kernel_matrix.kernel_variants(cases)) == 3 * len(kernel_matrix.recipe_deltas())
+    assert len(kernel_matrix.kernel_variants(cases)) == len(kernel_matrix.HEAD_DIMS) * len(kernel_matrix.recipe_deltas())
 
 
 def test_new_recipes_join_the_matrix(monkeypatch):

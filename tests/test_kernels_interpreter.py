@@ -4,7 +4,7 @@ The interpreter must be switched on before Triton compiles anything (``TRITON_IN
 when the ``@triton.jit`` functions are created), so the checks run once in a subprocess with the
 variable set; each case below asserts on that run's result. Shapes are tiny (the interpreter runs
 every program in NumPy) but cover every masking path: full tiles, masked tiles, skipped tiles,
-GQA, varlen with empty sequences and fully masked rows, odd lengths, head dim 96.
+GQA, varlen with empty sequences and fully masked rows, odd lengths, head dims 80, 96 and 256.
 
 Tolerances (kernel vs emulation, same config). Under the interpreter the kernels round every FP8
 code explicitly to nearest even, so Q/K/V codes and scales equal the emulation's bit for bit
@@ -51,6 +51,9 @@ FORWARD_CASES = {
     "varlen_masked_rows": (1, 2, 2, None, None, 64, True, None, ([0, 7, 19], [0, 3, 30]), "float32", True, 16, 16),
     "varlen_window": (1, 2, 1, None, None, 96, False, 5, ([0, 11, 40], [0, 20, 41]), "float32", False, 16, 16),
     "bf16_causal": (2, 2, 1, 33, 33, 128, True, None, None, "bfloat16", False, 32, 16),
+    # Head dim 256: the rotation's two 128-channel Hadamard blocks, 256-wide codes and scales (a
+    # packed, windowed d = 256 case runs in tests/test_kernel_matrix_interpreter.py's slice).
+    "causal_gqa2_d256": (1, 2, 1, 21, 21, 256, True, None, None, "float32", False, 16, 16),
     # Key tiles far below the running max (see KEY_TILE_GAIN): the forward's reference slack.
     "logit_gaps": (1, 2, 1, 20, 64, 64, False, None, None, "float32", False, 16, 16),
     "logit_gaps_causal": (1, 2, 1, 64, 64, 64, True, None, None, "float32", False, 16, 16),
@@ -170,7 +173,7 @@ def _check_copies(x, out, fmt, pow2, cu, block):
             "col_scales": bool(ok_col_scales), "pad_zero": ok_pad}
 
 
-def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt):
+def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt, d=96):
     import torch
 
     from hf_fp8_attention.config import FP8Format
@@ -178,12 +181,12 @@ def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt):
 
     fmt = FP8Format(fmt_name)
     gen = torch.Generator().manual_seed(7)
-    shape = (1 if varlen else 2, 3, 45, 96)
-    x = (torch.randn(*shape, generator=gen) * torch.logspace(-3, 2, 96)).to(torch.bfloat16)
+    shape = (1 if varlen else 2, 3, 45, d)
+    x = (torch.randn(*shape, generator=gen) * torch.logspace(-3, 2, d)).to(torch.bfloat16)
     x[..., 5, :] = 0  # a zero row: scale 1
     # A tiny row (amax < 448·2^-126): the scale is floored at 2^-126. Values stay normal fp32: the
     # interpreter flushes fp32 subnormal inputs to zero (GPUs do not).
-    r = torch.randn(x.shape[:-2] + (96,), generator=gen)
+    r = torch.randn(x.shape[:-2] + (d,), generator=gen)
     x[..., 6, :] = (r.sign() * (0.5 + r.abs()) * 1e-36).to(torch.bfloat16)
     cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
     block = 16
@@ -191,7 +194,7 @@ def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt):
     if pair_fmt is not None:
         # A second operand in the same launch: its own values, strides (token-major, like a view
         # of a (B, S, H, D) projection) and format.
-        y = (torch.randn(shape[0], shape[2], shape[1], 96, generator=gen) * 30).to(torch.bfloat16).transpose(1, 2)
+        y = (torch.randn(shape[0], shape[2], shape[1], d, generator=gen) * 30).to(torch.bfloat16).transpose(1, 2)
         xs, copies = (x, y), (copies[0], Copies(True, True, FP8Format(pair_fmt)))
     outs = quantize_operands(xs, copies, block=block, pow2=pow2, cu_seqlens=cu, row_chunk=row_chunk,
                              col_group=col_group)
@@ -201,11 +204,12 @@ def _quantize_case(fmt_name, pow2, varlen, row_chunk, col_group, pair_fmt):
     return result
 
 
-# (format, pow2, varlen, row_chunk, col_group, format of a second operand in the same launch):
-# slices smaller than the 16-token block and the 128 padded channels (96 real) read each tile in
-# pieces.
+# (format, pow2, varlen, row_chunk, col_group, format of a second operand in the same launch[, head
+# dim, 96 unless given]): slices smaller than the 16-token block and the 128 padded channels (96
+# real) read each tile in pieces; at 256 the default slices are head dim 256's (quantize.quant_launch).
 QUANT_CASES = {
     "e4m3": ("e4m3", False, False, None, None, None),
+    "e4m3_d256": ("e4m3", False, False, None, None, None, 256),
     "e4m3_pow2_varlen": ("e4m3", True, True, 4, 32, None),
     "e5m2_varlen": ("e5m2", False, True, 8, 64, None),
     "pair_e4m3_e5m2": ("e4m3", False, False, 8, 32, "e5m2"),
@@ -270,6 +274,8 @@ def _run_all():
     for a in (100.0, 1000.0, 3000.0):
         results[f"huge/{a:g}"] = _huge_logits_case(a)
     for varlen in (False, True):
+        # (Head dim 256's statistics run inside the d256 forward cases and the backward tests,
+        # checked end to end: a case here costs ~40 s of the interpreter.)
         for d in (64, 96):
             results[f"stats/{'varlen' if varlen else 'dense'}_d{d}"] = _stats_case(varlen, d)
     for i, name in enumerate(FORWARD_CASES):
@@ -352,6 +358,24 @@ def test_forward_autotune_key_buckets_the_grid():
 
     assert [wave_bucket(n, 132) for n in (0, 1, 64, 132, 133, 264, 265, 4096, 10**6)] == [
         1, 1, 1, 1, 2, 2, 4, 16, 16]
+
+
+def test_pinned_forward_launch_per_head_dim(monkeypatch):
+    # One entry pins every head dim; "DP:" entries pin a padded head dim of their own (head dim 256
+    # cannot take the 128-channel launches' 3-stage pipeline: tests/gpu pin "128,8,3;256:64,8,2").
+    from hf_fp8_attention.kernels.forward import PIN_ENV, _pinned_launch
+
+    monkeypatch.setenv(PIN_ENV, "128,8,3")
+    assert _pinned_launch(128) == _pinned_launch(256) == (128, 8, 3)
+    monkeypatch.setenv(PIN_ENV, "128,8,3;256:64,8,2")
+    assert (_pinned_launch(64), _pinned_launch(128), _pinned_launch(256)) == ((128, 8, 3), (128, 8, 3), (64, 8, 2))
+    monkeypatch.setenv(PIN_ENV, "256:64,8,2")
+    assert (_pinned_launch(128), _pinned_launch(256)) == (None, (64, 8, 2))
+    monkeypatch.delenv(PIN_ENV)
+    assert _pinned_launch(128) is None
+    monkeypatch.setenv(PIN_ENV, "128,8")
+    with pytest.raises(ValueError, match="BLOCK_M,num_warps,num_stages"):
+        _pinned_launch(128)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def test_matched_delta_restores_zero_row_sum(seq, causal, outliers, matched, sta
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_fp8_errors_within_budget(causal, d):
     q, k, v, dout = make_qkv(sq=200, d=d, seed=d)
     report = diagnose(q, k, v, dout, config=MATCHED, causal=causal)

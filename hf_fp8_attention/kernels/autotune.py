@@ -41,17 +41,18 @@ class LaunchTuner:
         self.candidates = tuple(candidates)
         self.choices: dict[Hashable, object] = {}  # key -> chosen candidate (read by the benchmarks)
 
-    def pick(self, key: Hashable, launch: Callable[[object], None]):
+    def pick(self, key: Hashable, launch: Callable[[object], None], candidates=None):
         """The candidate for ``key``; on a new key, times ``launch(candidate)`` for each candidate first
-        (the launches must be idempotent: they run many times)."""
+        (the launches must be idempotent: they run many times). ``candidates``: this key's space, when
+        it is not the tuner's own (e.g. per head dim; the key must then tell the spaces apart)."""
         choice = self.choices.get(key)
         if choice is None:
-            choice = self.choices[key] = self._tune(key, launch)
+            choice = self.choices[key] = self._tune(key, launch, self.candidates if candidates is None else candidates)
         return choice
 
-    def _tune(self, key, launch):
+    def _tune(self, key, launch, candidates):
         times, errors = {}, []
-        for cand in self.candidates:
+        for cand in candidates:
             try:
                 times[cand] = triton.testing.do_bench(lambda: launch(cand))
             except _UNUSABLE as err:

@@ -42,8 +42,10 @@ formed afterwards from the per-row LSE' and D the kernels wrote.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
@@ -54,6 +56,8 @@ from .logit_mods import NO_MODS, LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
+
+logger = logging.getLogger(__name__)
 
 # Launch parameters per kernel; a module-level table so benchmarks can try others.
 # ``prequant``: FP8 mode quantizes Q, K, V, dO once before the attention kernels
@@ -82,14 +86,43 @@ LAUNCH = {
     "free_tile": {"dq": 64, "dq_stats": 64, "dkdv": 64, "dk": 64, "dv": 64},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
-# Pipelined stages of the pre-quantized kernels hold four FP8 operand tiles of block x 128 bytes
-# each: 64 KB per stage at 128-token blocks, so 256-token blocks (128 KB) get a single stage.
+# Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
+# Per 64 rows of a warpgroup, a 256-channel fp32 accumulator is 128 registers per thread, as many as
+# the S and dP tiles of 128 keys together. Whole-width, the dQ, dK and dV launches spilled 1.7-3.1 KB
+# per thread on 64-row tiles with 4 warps (1 stage; 3 stages exceed shared memory) and needed 257 KB
+# of shared memory on 128-row tiles with 8 warps and 2 stages; 8 warps on 64 rows compute the same S
+# twice (a chained dot puts every warp along the rows).
+# ``channel_block`` splits their output channels over grid axis 2: each program forms 128 of
+# dQ's (dK's, dV's) channels and recomputes S and dP over all 256, so dQ and dK cost 5/3 of their
+# matmuls, dV 3/2; spills then fall to about the 128-channel kernels' (offline counts). ``inreg``'s
+# ``block_q`` / ``block_k`` are the hybrid (bf16) kernels' tiles, which no quantization block binds;
+# the in-register FP8 kernels do not run at 256. Resources offline for sm_90a:
+# benchmarks/results/cpu_kernel_resources.txt, benchmarks/NOTES.md ("Head dim 256").
+LAUNCH_D256 = {
+    "dq_stats": {"num_warps": 4, "num_stages": 2},
+    "dq": {"num_warps": 8, "num_stages": 2},
+    "dk": {"num_warps": 8, "num_stages": 2},
+    "dv": {"num_warps": 8, "num_stages": 2},
+    "dkdv": {"num_warps": 8, "num_stages": 1},
+    "free_tile": {"dq": 128, "dq_stats": 64, "dkdv": 128, "dk": 128, "dv": 128},
+    "channel_block": {"dq": 128, "dq_stats": None, "dkdv": 128, "dk": 128, "dv": 128},
+    "inreg": {"dq": {"num_warps": 4, "num_stages": 1, "block_q": 32, "block_k": 64},
+              "dkdv": {"num_warps": 8, "num_stages": 1, "block_q": 32, "block_k": 64}},
+}
+# Pipelined stages of the pre-quantized kernels hold four FP8 operand tiles of block x DP bytes
+# each: 64 KB per stage at 128-token blocks and DP = 128, so 256-token blocks (128 KB) get a single
+# stage (at DP = 256 the table above says how many).
 _MAX_PIPELINED_BLOCK = 128
 
 
-def _prequant_launch(kernel: str, block_q: int, block_k: int) -> dict:
-    """``LAUNCH[kernel]`` with ``num_stages`` cut to 1 when the recipe's blocks exceed 128 tokens."""
-    launch = dict(LAUNCH[kernel])
+def launch_table(dp: int) -> dict:
+    """The launch shapes for padded head dim ``dp``: ``LAUNCH`` up to 128, else ``LAUNCH_D256``."""
+    return LAUNCH_D256 if dp > 128 else LAUNCH
+
+
+def _prequant_launch(kernel: str, block_q: int, block_k: int, dp: int) -> dict:
+    """``launch_table(dp)[kernel]`` with ``num_stages`` cut to 1 when the recipe's blocks exceed 128 tokens."""
+    launch = dict(launch_table(dp)[kernel])
     if max(block_q, block_k) > _MAX_PIPELINED_BLOCK:
         launch["num_stages"] = 1
     return launch
@@ -108,9 +141,14 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
         raise ValueError(f"triton_backward: the Triton kernels need CUDA tensors, got {q.device} "
                          "(the PyTorch emulation in reference.py runs anywhere)")
     check_compiled_blocks(config.block_q, config.block_k, "triton_backward", interpreting())
-    if config.backward is BackwardPrecision.FP8 and not LAUNCH["prequant"] and not tile_recipe(config):
-        raise ValueError("triton_backward: the in-register FP8 kernels (LAUNCH['prequant'] = False) run only the "
-                         "per-tile recipe without transforms (fp8_delta_tile / fp8_stale_tile)")
+    if config.backward is BackwardPrecision.FP8 and not LAUNCH["prequant"]:
+        if not tile_recipe(config):
+            raise ValueError("triton_backward: the in-register FP8 kernels (LAUNCH['prequant'] = False) run only the "
+                             "per-tile recipe without transforms (fp8_delta_tile / fp8_stale_tile)")
+        if padded_head_dim(q.shape[-1]) > 128:
+            raise ValueError(f"triton_backward: the in-register FP8 kernels (LAUNCH['prequant'] = False) run head "
+                             f"dims up to 128, got {q.shape[-1]}: their whole-width fp32 tiles exceed a block's "
+                             "registers and shared memory; keep LAUNCH['prequant'] = True")
 
 
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods = NO_MODS):
@@ -164,8 +202,14 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods
                     n_seq, max_q, max_k, scale, mask, config, debug, mods)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
         return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
+    dp = padded_head_dim(d)
+    inreg = launch_table(dp)["inreg"]
+    launch_dq, launch_dkdv = dict(inreg["dq"]), dict(inreg["dkdv"])
+    # FP8 tiles are the quantization blocks; hybrid tiles only order the fp32 sums (blocks in LAUNCH_D256).
+    bq_dq, bk_dq = (bq, bk) if fp8 else (launch_dq.pop("block_q", bq), launch_dq.pop("block_k", bk))
+    bq_kv, bk_kv = (bq, bk) if fp8 else (launch_dkdv.pop("block_q", bq), launch_dkdv.pop("block_k", bk))
     common = dict(
-        HEAD_D=d, BLOCK_D=padded_head_dim(d), BLOCK_Q=bq, BLOCK_K=bk,
+        HEAD_D=d, BLOCK_D=dp,
         FP8=fp8, CAUSAL=bool(mask.causal), HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen,
         POW2=bool(config.pow2_scales), QKV_DTYPE=tl_fp8(FP8Format.E4M3),
         DO_DTYPE=tl_fp8(config.do_format), DS_DTYPE=tl_fp8(config.ds_format),
@@ -177,18 +221,19 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods
     _, sinks2, softcap2 = mods.args(lse)
     mod_meta = mods.meta()
     del mod_meta["ROW_SHIFT"]  # these kernels' operands are never smoothed
-    bwd_dq_inreg_kernel[(cdiv(max_q, bq), n_seq * hq)](
+    bwd_dq_inreg_kernel[(cdiv(max_q, bq_dq), n_seq * hq)](
         q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, sinks2,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
         *dims, window, qk_scale, float(scale), softcap2,
-        MATCHED=matched, DEBUG=debug, **common, **mod_meta, **LAUNCH["inreg"]["dq"], **COMPILE_OPTIONS,
+        MATCHED=matched, DEBUG=debug, **common, **mod_meta, BLOCK_Q=bq_dq, BLOCK_K=bk_dq, **launch_dq,
+        **COMPILE_OPTIONS,
     )
     del mod_meta["SINK"]
-    bwd_dkdv_inreg_kernel[(cdiv(max_k, bk), n_seq * hkv)](
+    bwd_dkdv_inreg_kernel[(cdiv(max_k, bk_kv), n_seq * hkv)](
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *dims, window, qk_scale, float(scale), softcap2,
-        **common, **mod_meta, **LAUNCH["inreg"]["dkdv"], **COMPILE_OPTIONS,
+        **common, **mod_meta, BLOCK_Q=bq_kv, BLOCK_K=bk_kv, **launch_dkdv, **COMPILE_OPTIONS,
     )
     return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2, delta, dbg_ds, mask, b, sq_total, debug))
 
@@ -230,7 +275,9 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     if not varlen:  # the kernels read tile offsets only for packed sequences
         toff_q, toff_k = cu_q, cu_k
     interp = interpreting()
-    common = dict(HEAD_D=d, BLOCK_D=padded_head_dim(d), CAUSAL=bool(mask.causal),
+    dp = padded_head_dim(d)
+    table = launch_table(dp)
+    common = dict(HEAD_D=d, BLOCK_D=dp, CAUSAL=bool(mask.causal),
                   HAS_WINDOW=mask.window is not None, VARLEN=mask.is_varlen, POW2=pow2,
                   DS_DTYPE=tl_fp8(config.ds_format), DS_MAX=config.ds_format.max, INTERPRET=interp)
     window = mask.window_arg
@@ -242,28 +289,63 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     split_stats = matched and LAUNCH["split_dq_stats"]
     dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
     for stats, grads, launch in dq_passes:
-        bm = LAUNCH["free_tile"][launch] or bq
-        bwd_dq_fp8_kernel[(cdiv(max_q, bm), n_seq * hq)](
+        bm = table["free_tile"][launch] or bq
+        bdo = _channel_block(table, launch, dp)
+        _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, bm), n_seq * hq, dp // bdo), launch, dp, (
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
             dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2,
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), softcap2, MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats,
-            GRADS=grads, ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe, **mod_meta,
-            **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
-        )
+            float(scale), softcap2), dict(
+            MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
+            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe, **mod_meta, BLOCK_DO=bdo,
+            **_prequant_launch(launch, bq, bk, dp), **COMPILE_OPTIONS,
+        ))
     del mod_meta["SINK"]  # in LSE' and LSE'^do already
     passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
-        bn = LAUNCH["free_tile"][launch] or bk
-        bwd_dkdv_fp8_kernel[(cdiv(max_k, bn), n_seq * hkv)](
+        bn = table["free_tile"][launch] or bk
+        bdo = _channel_block(table, launch, dp)
+        _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, bn), n_seq * hkv, dp // bdo), launch, dp, (
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
             lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), softcap2, **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            float(scale), softcap2), dict(
+            **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
             ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe, **mod_meta,
-            P_FIXED=config.p_scales is PScaling.FIXED, **_prequant_launch(launch, bq, bk), **COMPILE_OPTIONS,
-        )
+            P_FIXED=config.p_scales is PScaling.FIXED, BLOCK_DO=bdo, **_prequant_launch(launch, bq, bk, dp),
+            **COMPILE_OPTIONS,
+        ))
+
+
+def _run_prequant(kernel, grid, launch: str, dp: int, args: tuple, kwargs: dict) -> None:
+    """``kernel[grid](*args, **kwargs)``. At head dim 256 the 2-stage shapes of ``LAUNCH_D256`` fill
+    the 227 KB of shared memory per block to within 1-2 KB (offline, Triton 3.9); where a Triton
+    version allocates more, the launch raises OutOfResources before anything runs, and it is
+    retried with one stage fewer, which the table then keeps (one warning)."""
+    if dp <= 128:
+        kernel[grid](*args, **kwargs)
+        return
+    while True:
+        try:
+            kernel[grid](*args, **kwargs)
+            return
+        except OutOfResources as err:
+            stages = kwargs["num_stages"]
+            if stages <= 1:
+                raise
+            logger.warning("triton_backward: %s launch at head dim %d: %s; retrying with %d stage(s)",
+                           launch, dp, err, stages - 1)
+            LAUNCH_D256[launch]["num_stages"] = min(LAUNCH_D256[launch]["num_stages"], stages - 1)
+            kwargs = {**kwargs, "num_stages": stages - 1}
+
+
+def _channel_block(table: dict, launch: str, dp: int) -> int:
+    """Output channels per program of ``launch`` (grid axis 2 holds dp // block of them): all ``dp``
+    unless the table's ``channel_block`` splits them (a launch that forms no gradient, the
+    statistics, never splits)."""
+    block = table.get("channel_block", {}).get(launch) or dp
+    return min(block, dp)
 
 
 def _mods(q, k, scale, mask, config, softcap, sinks) -> LogitMods:

@@ -85,8 +85,8 @@ def _rows(base, tok, ok, offs_d, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
 
 @triton.jit
 def _cols_t(base, tok, ok, offs_d, S_PAD, MASKED: tl.constexpr):
-    """(BLOCK_D, T) fp8 codes of a transposed channel-wise copy laid out (..., BLOCK_D, S_PAD); MASKED:
-    columns outside ``ok`` read 0."""
+    """(C, T) fp8 codes of channels ``offs_d`` (C,) of a transposed channel-wise copy laid out
+    (..., BLOCK_D, S_PAD); MASKED: columns outside ``ok`` read 0."""
     ptrs = base + offs_d[:, None].to(tl.int64) * S_PAD + tok[None, :]
     if MASKED:
         x = tl.load(ptrs, mask=ok[None, :], other=0.0)
@@ -103,6 +103,18 @@ def _vec(ptrs, ok, other, MASKED: tl.constexpr):
     else:
         x = tl.load(ptrs)
     return x
+
+
+@triton.jit
+def _out_channels(offs_d, BLOCK_D: tl.constexpr, BLOCK_DO: tl.constexpr):
+    """The output channels this program accumulates: all BLOCK_D (``offs_d``), or, when the launch
+    splits them (BLOCK_DO < BLOCK_D: head dim 256, where a whole-width accumulator beside the S and
+    dP tiles would spill), block ``program_id(2)`` of BLOCK_DO channels."""
+    if BLOCK_DO == BLOCK_D:
+        offs_o = offs_d
+    else:
+        offs_o = tl.program_id(2) * BLOCK_DO + tl.arange(0, BLOCK_DO)
+    return offs_o
 
 
 @triton.jit
@@ -188,14 +200,17 @@ def _dq_tiles(
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
     ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
+    BLOCK_DO: tl.constexpr,
 ):
-    """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_D) (before the factor τ)
+    """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_DO) (before the factor τ)
     and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
     ``lse2do`` / ``delta_do``: LSE'^do and D' (BLOCK_Q,), see the module docstring. ``kcs_base``
     points at the sequence's first key tile of K's channel-wise scales. COL_SEQ: those scales are the
-    sequence's, the same in every tile: the caller applies them once, after the loop."""
+    sequence's, the same in every tile: the caller applies them once, after the loop. BLOCK_DO: dQ's
+    channels this program forms (:func:`_out_channels`); S and dP contract over all BLOCK_D."""
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
     for t in range(t_lo, t_hi):
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
@@ -218,11 +233,11 @@ def _dq_tiles(
             ds = ds * cap_slope(s, cap)  # dS̃ -> dS (S is finite here: the mask is on P)
         # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
         ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
-        kct = _cols_t(kct_base, keys, col_ok, offs_d, SK_PAD, MASKED)
+        kct = _cols_t(kct_base, keys, col_ok, offs_o, SK_PAD, MASKED)
         if COL_SEQ:
             dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None]
         else:
-            skc = tl.load(kcs_base + t * BLOCK_D + offs_d)
+            skc = tl.load(kcs_base + t * BLOCK_D + offs_o)
             dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
     return dq, ds_sum, pabs_sum
 
@@ -240,8 +255,11 @@ def bwd_dq_fp8_kernel(
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
     SINK: tl.constexpr,
+    BLOCK_DO: tl.constexpr,
 ):
-    """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head.
+    """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head
+    (BLOCK_DO < BLOCK_D: for dQ's channel block program_id(2); the statistics are then every
+    block's, stored by block 0).
 
     KV_HEAD (one K and one V scale per (sequence, head)): K's joins sq and V's joins dO's row
     scale sdo, so LSE'^do and D' are formed for dP'' = dP / (sdo · sv) and no logit or dP element is
@@ -274,6 +292,14 @@ def bwd_dq_fp8_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
     rows = q_start + offs_m
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
+    if BLOCK_DO == BLOCK_D:
+        o_ok = d_ok
+        stat_ok = row_ok
+    else:
+        o_ok = offs_o < HEAD_D
+        # (compared per row: the interpreter cannot mask with a scalar condition and-ed in)
+        stat_ok = row_ok & (offs_m * 0 + tl.program_id(2) == 0)
 
     bh_q = (batch * H + h).to(tl.int64)
     bh_k = (batch * HKV + hk).to(tl.int64)
@@ -338,13 +364,13 @@ def bwd_dq_fp8_kernel(
         delta_do = tl.math.div_rn(delta, sdo)
         lse2do = lse2 - tl.math.log2(sdo)
     if STATS:
-        tl.store(LSE2 + stat_off, lse2, mask=row_ok)
-        tl.store(LSE2DO + stat_off, lse2do, mask=row_ok)
-        tl.store(DELTA + stat_off, delta_do, mask=row_ok)
+        tl.store(LSE2 + stat_off, lse2, mask=stat_ok)
+        tl.store(LSE2DO + stat_off, lse2do, mask=stat_ok)
+        tl.store(DELTA + stat_off, delta_do, mask=stat_ok)
     if not GRADS:
         return
 
-    dq = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_Q, BLOCK_DO], tl.float32)
     ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
     pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
     if HAS_WINDOW:
@@ -352,26 +378,26 @@ def bwd_dq_fp8_kernel(
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP)
+                                         ROW_SHIFT, SOFTCAP, BLOCK_DO)
     dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                     ROW_SHIFT, SOFTCAP)
+                                     ROW_SHIFT, SOFTCAP, BLOCK_DO)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP)
+                                         ROW_SHIFT, SOFTCAP, BLOCK_DO)
     if COL_SEQ:
-        dq = dq * tl.load(kcs_base + offs_d)[None, :]
+        dq = dq * tl.load(kcs_base + offs_o)[None, :]
     dq = dq * tau
-    dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
-    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & o_ok[None, :])
     if DEBUG:
-        tl.store(DBG_DSSUM + stat_off, ds_sum, mask=row_ok)
-        tl.store(DBG_PABS + stat_off, pabs_sum, mask=row_ok)
+        tl.store(DBG_DSSUM + stat_off, ds_sum, mask=stat_ok)
+        tl.store(DBG_PABS + stat_off, pabs_sum, mask=stat_ok)
 
 
 @triton.jit
@@ -384,9 +410,11 @@ def _dkdv_tiles(
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, ROW_SHIFT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    BLOCK_DO: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
-    and dV, both (BLOCK_K, BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
+    and dV, both (BLOCK_K, BLOCK_DO) (the channels of :func:`_out_channels`; Sᵀ and dPᵀ contract over
+    all BLOCK_D), in transposed tiles (BLOCK_K, BLOCK_Q). Masks only if MASKED.
     COMPUTE_DK / COMPUTE_DV: which of the two to form (dV alone needs neither dPᵀ nor dO's
     row-wise codes; dK alone does not quantize Pᵀ).
     The ``*_base`` pointers are the query head's (``lse2_base``: LSE' for dV's P; ``lse2do_base`` and
@@ -399,6 +427,7 @@ def _dkdv_tiles(
     row constants at ``rshift_base`` (the query head's) added back and capped at ``cap``."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
     for t in range(t_lo, t_hi):
         offs_m = t * BLOCK_Q + offs_m0
         row_ok = offs_m < q_len  # read only if MASKED
@@ -438,7 +467,7 @@ def _dkdv_tiles(
             pt = tl.math.exp2(st - lse2[None, :])
             if MASKED:
                 pt = tl.where(vis, pt, 0.0)
-            doct = _cols_t(doct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+            doct = _cols_t(doct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             # B3: P per column of the query tile (= per row of Pᵀ) or on the fixed grid; dO per
             # channel within the tile, or the sequence's channel scales (applied by the caller).
             if P_FIXED:
@@ -449,15 +478,15 @@ def _dkdv_tiles(
             if COL_SEQ:
                 dv += pv
             else:
-                dv += pv * tl.load(docs_base + t * BLOCK_D + offs_d)[None, :]
+                dv += pv * tl.load(docs_base + t * BLOCK_D + offs_o)[None, :]
         if COMPUTE_DK:
             # B5: dS per column of the query tile, Q per channel within the tile.
             ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
-            qct = _cols_t(qct_base, rows, row_ok, offs_d, SQ_PAD, MASKED)
+            qct = _cols_t(qct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             if COL_SEQ:
                 dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None]
             else:
-                sqc = tl.load(qcs_base + t * BLOCK_D + offs_d)
+                sqc = tl.load(qcs_base + t * BLOCK_D + offs_o)
                 dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
     return dk, dv
 
@@ -474,10 +503,12 @@ def bwd_dkdv_fp8_kernel(
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, SOFTCAP: tl.constexpr,
     ROW_SHIFT: tl.constexpr,
+    BLOCK_DO: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
     tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
-    holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py).
+    holds one accumulator instead of two (see LAUNCH["split_dkdv"] in backward.py). BLOCK_DO <
+    BLOCK_D: the channel block program_id(2) of both (:func:`_out_channels`).
 
     ALIGNED (as in the dQ kernel): the leading boundary loop is compiled only for the causal
     diagonal or a window, the trailing one only for a window.
@@ -504,6 +535,11 @@ def bwd_dkdv_fp8_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
     shift = k_len - q_len
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
+    if BLOCK_DO == BLOCK_D:
+        o_ok = d_ok
+    else:
+        o_ok = offs_o < HEAD_D
 
     bh_k = (batch * HKV + hk).to(tl.int64)
     k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
@@ -519,9 +555,9 @@ def bwd_dkdv_fp8_kernel(
     t_lo, f_lo, f_hi, t_hi = query_tiles(n0, q_len, k_len, window, BLOCK_Q, BLOCK_K, CAUSAL, HAS_WINDOW)
     slot0 = tile_slot(seq, 0, TOFF_Q, VARLEN)
 
-    dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
-    one = tl.full([BLOCK_D], 1.0, tl.float32)
+    dk = tl.zeros([BLOCK_K, BLOCK_DO], tl.float32)
+    dv = tl.zeros([BLOCK_K, BLOCK_DO], tl.float32)
+    one = tl.full([BLOCK_DO], 1.0, tl.float32)
     c_q = one  # COL_SEQ: the current query head's channel scales of Q and dO
     c_do = one
     for g in range(0, G):
@@ -539,11 +575,11 @@ def bwd_dkdv_fp8_kernel(
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
         if COL_SEQ:
             if COMPUTE_DK:
-                c_new = tl.load(qcs_base + offs_d)
+                c_new = tl.load(qcs_base + offs_o)
                 dk = dk * tl.math.div_rn(c_q, c_new)[None, :]
                 c_q = c_new
             if COMPUTE_DV:
-                c_new = tl.load(docs_base + offs_d)
+                c_new = tl.load(docs_base + offs_o)
                 dv = dv * tl.math.div_rn(c_do, c_new)[None, :]
                 c_do = c_new
         if CAUSAL or HAS_WINDOW:
@@ -551,20 +587,20 @@ def bwd_dkdv_fp8_kernel(
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, t_lo, f_lo, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                              lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_lo, f_hi, False,
                              CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
+                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
         if HAS_WINDOW or not ALIGNED:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_hi, t_hi, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP)
-    st_mask = col_ok[:, None] & d_ok[None, :]
-    off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
+    st_mask = col_ok[:, None] & o_ok[None, :]
+    off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
     if COL_SEQ:
         dk = dk * c_q[None, :]
         dv = dv * c_do[None, :]

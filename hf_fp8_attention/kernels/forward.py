@@ -335,19 +335,48 @@ def _fwd_kernel(
 # (BLOCK_M, num_warps, num_stages) tried by the autotuner; BLOCK_N is fixed by the recipe
 # (config.block_k). Few on purpose: every entry is one more compile per key on first use.
 AUTOTUNE_SPACE = ((128, 8, 2), (128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4))
+# Head dim 256 (the space above serves padded head dims up to 128). A 64-row warpgroup holds a
+# 256-channel fp32 accumulator, 128 registers per thread, beside the 128-key S tile (64): the space
+# above spills 0.3-4 KB per thread there (and 64-row tiles with 4 stages exceed shared memory).
+# 8 warps on 64 rows split the accumulator over two warpgroups (each computes the tile's S, so
+# QKᵀ runs twice). Offline for sm_90a (benchmarks/results/cpu_kernel_resources.txt): (64, 8, 2)
+# spills at most 464 B over every recipe and mask kind; the single-stage shapes up to 0.5 KB on
+# dense calls ((64, 4, 1) 1.5 KB with a partial key tile), 1.7-2.2 KB on packed ones (fp8_delta;
+# the tile recipe up to 3.4 KB). The tuner times them per key (mask kind and packing are in it).
+AUTOTUNE_SPACE_D256 = ((64, 4, 1), (64, 8, 1), (64, 8, 2), (128, 8, 1))
 # "BLOCK_M,num_warps,num_stages" pins one launch configuration (no autotuning): tests, profiling.
+# Entries "DP:BLOCK_M,num_warps,num_stages" after a ";" pin padded head dim DP on its own (e.g.
+# "128,8,3;256:64,8,2"); the entry without a DP serves the other head dims.
 PIN_ENV = "HF_FP8_ATTENTION_FWD_CONFIG"
 
 
-def _pinned_launch() -> tuple[int, int, int] | None:
+def autotune_space(dp: int) -> tuple[tuple[int, int, int], ...]:
+    """The launch configurations the autotuner tries for padded head dim ``dp``."""
+    return AUTOTUNE_SPACE_D256 if dp > 128 else AUTOTUNE_SPACE
+
+
+def default_launch(block_m: int, dp: int) -> tuple[int, int, int]:
+    """(BLOCK_M, num_warps, num_stages) for a query tile fixed by the caller (``block_m``)."""
+    if dp > 128:
+        return block_m, 8 if block_m >= 64 else 1, 1
+    return block_m, 4 if block_m >= 64 else 1, 2
+
+
+def _pinned_launch(dp: int) -> tuple[int, int, int] | None:
+    """The launch ``PIN_ENV`` pins for padded head dim ``dp``, or None."""
     value = os.environ.get(PIN_ENV)
     if not value:
         return None
+    pins = {}
     try:
-        bm, w, st = (int(x) for x in value.split(","))
+        for entry in value.split(";"):
+            dim, _, cfg = entry.rpartition(":")
+            bm, w, st = (int(x) for x in cfg.split(","))
+            pins[int(dim) if dim else None] = (bm, w, st)
     except ValueError:
-        raise ValueError(f"{PIN_ENV}={value!r} must be 'BLOCK_M,num_warps,num_stages', e.g. '128,8,3'") from None
-    return bm, w, st
+        raise ValueError(f"{PIN_ENV}={value!r} must be 'BLOCK_M,num_warps,num_stages', e.g. '128,8,3', optionally "
+                         "followed by ';DP:BLOCK_M,num_warps,num_stages' entries for padded head dims DP") from None
+    return pins.get(dp, pins.get(None))
 
 
 # The autotuner's choice per (block_k, padded head dim, causal, window, varlen, pow2, dtype, TMA,
@@ -499,16 +528,16 @@ def triton_forward(
                                                **COMPILE_OPTIONS)
 
     if block_m is not None:
-        launch((block_m, 4 if block_m >= 64 else 1, 2))
+        launch(default_launch(block_m, meta["BLOCK_D"]))
     elif interpreting():
         launch((16, 1, 1))
     else:
-        pinned = _pinned_launch()
+        pinned = _pinned_launch(meta["BLOCK_D"])
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
                meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"], meta["SOFTCAP"], meta["ROW_SHIFT"], meta["SINK"],
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
-        launch(pinned or FORWARD_TUNER.pick(key, launch))
+        launch(pinned or FORWARD_TUNER.pick(key, launch, autotune_space(meta["BLOCK_D"])))
     return out, lse
 
 

@@ -51,6 +51,22 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 # copy on the H200, and the channel-wise copy beside it (V in the forward) wants 64-channel groups
 # on those 8 warps (benchmarks/rotation_bench.py, benchmarks/NOTES.md "Recipe v2").
 ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8}
+# Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
+# tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
+# took 255 registers on 2 warps). The rotated launch keeps its Hadamard matrix in shared memory,
+# 128 KB at 256 in bf16: 64-token chunks needed 240 KB (over the 227 KB of a block), 32-token chunks
+# on 8 warps 168 KB without spills (offline compile for sm_90a,
+# benchmarks/results/cpu_kernel_resources.txt).
+QUANT_LAUNCH_D256 = {"row_chunk": 16, "col_group": 16, "num_warps": 2}
+ROTATED_LAUNCH_D256 = {"row_chunk": 32, "col_group": 64, "num_warps": 8}
+
+
+def quant_launch(rotated: bool, dp: int) -> dict:
+    """The launch table of :func:`quantize_operands` for padded head dim ``dp``, with or without a
+    rotated copy (read at every call, so that benchmarks can change the tables)."""
+    if dp > 128:
+        return ROTATED_LAUNCH_D256 if rotated else QUANT_LAUNCH_D256
+    return ROTATED_LAUNCH if rotated else QUANT_LAUNCH
 
 
 @triton.jit
@@ -400,7 +416,8 @@ def dot_dtype(x: torch.Tensor):
 
 
 def padded_head_dim(d: int) -> int:
-    """The head dim the kernels compute with (a power of two: 64 -> 64, 80 and 96 -> 128, 128 -> 128)."""
+    """The head dim the kernels compute with (a power of two: 64 -> 64, 80 and 96 -> 128, 128 -> 128,
+    256 -> 256)."""
     return next_pow2(d)
 
 
@@ -507,7 +524,7 @@ def quantize_operands(
         block: tokens per channel-wise tile (tiles start at every sequence start).
         cu_seqlens: int32 ``(n_seq + 1,)`` for packed batches, with ``max_seqlen`` its longest length.
         row_chunk / col_group: tokens / channels a program reads at a time for the row-wise /
-            channel-wise copy (powers of two; defaults in ``QUANT_LAUNCH``, capped at ``block`` /
+            channel-wise copy (powers of two; defaults in :func:`quant_launch`, capped at ``block`` /
             the padded head dim). They change the speed only, never a code or a scale.
         stats: per tensor its :class:`.sequence_stats.SequenceStats` (or None), needed by the
             options of :class:`Copies` beyond the defaults.
@@ -534,7 +551,7 @@ def quantize_operands(
         grid = (cdiv(max(seq, 1), block), bsz * heads, len(xs))
         cu = None
     rotated = any(c.row and c.rotate for c in copies)
-    launch = ROTATED_LAUNCH if rotated else QUANT_LAUNCH
+    launch = quant_launch(rotated, dp)
     row_chunk = min(row_chunk or launch["row_chunk"], block)
     col_group = min(col_group or launch["col_group"], dp)
     for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):

@@ -41,6 +41,16 @@ SUB_CHUNK = 32
 # A launch that rotates rows: tokens per dot with the Hadamard matrix, and warps (32 on 2 warps was
 # the fastest of the shapes benchmarks/rotation_bench.py tries, 94 µs for a (2, 16, 8k, 128) tensor).
 ROTATED_PARTIALS = {"sub": 32, "num_warps": 2}
+PARTIALS_WARPS = 4
+FINISH_WARPS = 4
+# Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
+# many elements per thread as at 128); the rotating launch on 4 warps (its Hadamard matrix, 128 KB
+# in bf16, sits in shared memory: 32-token slices on 2 warps spilled); the finishing launch holds
+# that matrix in fp32 registers for μH, 256 per thread on 4 warps, so 16 warps
+# (benchmarks/results/cpu_kernel_resources.txt).
+SUB_CHUNK_D256 = 16
+ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4}
+FINISH_WARPS_D256 = 16
 
 
 @triton.jit
@@ -264,15 +274,22 @@ def sequence_stats(
         ext = n.row_amax
         flags.update({f"{prefix}_ROTATE": n.rotate and ext, f"{prefix}_EXT": ext, f"{prefix}_SUM": n.smooth,
                       f"{prefix}_AMAX": n.col_amax})
+    wide = dp > 128
+    rotated_launch = ROTATED_PARTIALS_D256 if wide else ROTATED_PARTIALS
+    if rotated_rows:
+        sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
+    else:
+        sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
     if max_len > 0:
         _partials_kernel[(cdiv(max_len, CHUNK), n_seq * heads, len(xs))](
             x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
-            CHUNK=CHUNK, SUB=ROTATED_PARTIALS["sub"] if rotated_rows else SUB_CHUNK, BLOCK_D=dp, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x), **flags, num_warps=ROTATED_PARTIALS["num_warps"] if rotated_rows else 4, **COMPILE_OPTIONS,
+            CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
+            DOT_DTYPE=dot_dtype(x), **flags, num_warps=warps, **COMPILE_OPTIONS,
         )
     _finish_kernel[(n_seq, heads, len(xs))](
         part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
         CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
-        Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, num_warps=4, **COMPILE_OPTIONS,
+        Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, num_warps=FINISH_WARPS_D256 if wide else FINISH_WARPS,
+        **COMPILE_OPTIONS,
     )
     return results

@@ -81,12 +81,16 @@ SHAPES = {
     "window_causal": ((1, 2, 1, 700, 700, 128), {"causal": True, "window": 200}),
     "window_noncausal": ((1, 2, 1, 400, 400, 64), {"window": 100}),
     "varlen_causal": ((1, 4, 2, 1000, 1000, 128), {"causal": True, "cu": ([0, 1, 300, 717, 1000], [0, 1, 300, 717, 1000])}),
+    # Head dim 256 (Gemma 2/3): two 128-channel blocks per dQ/dK/dV tile (backward.LAUNCH_D256).
+    "causal_d256_gqa": ((1, 4, 2, 700, 700, 256), {"causal": True}),
+    "window_d256_odd": ((2, 2, 1, 333, 333, 256), {"causal": True, "window": 100}),
+    "varlen_d256": ((1, 4, 2, 900, 900, 256), {"causal": True, "cu": ([0, 1, 300, 617, 900], [0, 1, 300, 617, 900])}),
 }
 
 
 # Every shape with the matched delta; the stale delta (a different dQ-kernel branch) on three.
 EMULATION_CASES = [(name, "matched") for name in sorted(SHAPES)] + [
-    (name, "stale") for name in ("causal_d128_1000", "varlen_causal", "window_noncausal")
+    (name, "stale") for name in ("causal_d128_1000", "varlen_causal", "window_noncausal", "causal_d256_gqa")
 ]
 
 
@@ -114,18 +118,20 @@ def test_kernel_matches_emulation_fp32(name, delta):
     ],
     ids=["hybrid_delta", "hybrid_stale", "pow2", "e5m2_grads", "tiles64", "tiles256", "q32", "k32"],
 )
-def test_recipes_match_emulation(config):
-    got, ref = _kernel_and_emulation((1, 4, 2, 513, 513, 128), _mask(causal=True), config)
+@pytest.mark.parametrize("d", [128, 256])
+def test_recipes_match_emulation(config, d):
+    got, ref = _kernel_and_emulation((1, 4, 2, 513, 513, d), _mask(causal=True), config)
     for label, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert rel_err(x, r) <= GRAD_REL, (label, rel_err(x, r))
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("config", [MATCHED, STALE], ids=["matched", "stale"])
-def test_split_and_fused_launches_give_identical_gradients(config, monkeypatch):
+def test_split_and_fused_launches_give_identical_gradients(config, d, monkeypatch):
     """The default launches (LSE'/D, dQ, dK, dV separately) and the fused ones compute every element
     with the same operations: identical gradients, as compiled for this GPU too."""
     mask = _mask(causal=True)
-    q, k, v, do, out, lse, scale = _setup(2, 4, 2, 1000, 1000, 128, mask, config, dtype=torch.bfloat16, seed=5)
+    q, k, v, do, out, lse, scale = _setup(2, 4, 2, 1000, 1000, d, mask, config, dtype=torch.bfloat16, seed=5)
     kernels = _kernels()
     split = kernels.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
     monkeypatch.setitem(kernels.LAUNCH, "split_dkdv", False)
@@ -142,8 +148,8 @@ def test_bf16_inputs_match_emulation():
         assert rel_err(x, r) <= BF16_REL, (label, rel_err(x, r))
 
 
-@pytest.mark.parametrize("config, d", [(MATCHED, 64), (MATCHED, 96), (MATCHED, 128), (STALE, 128)],
-                         ids=["matched-d64", "matched-d96", "matched-d128", "stale-d128"])
+@pytest.mark.parametrize("config, d", [(MATCHED, 64), (MATCHED, 96), (MATCHED, 128), (STALE, 128), (MATCHED, 256)],
+                         ids=["matched-d64", "matched-d96", "matched-d128", "stale-d128", "matched-d256"])
 def test_within_fp8_budget_of_float64(config, d):
     mask = _mask(causal=True)
     q, k, v, do, out, lse, scale = _setup(1, 4, 2, 1000, 1000, d, mask, config, dtype=torch.bfloat16, seed=d)

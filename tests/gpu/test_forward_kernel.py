@@ -51,7 +51,7 @@ LSE_ABS = 2e-3
 def _pinned_launch(monkeypatch):
     # One launch configuration: correctness does not depend on it, and autotuning every key
     # here would spend minutes of GPU time compiling (the benchmark exercises the autotuner).
-    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3")
+    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3;256:64,8,2")
 
 
 def _inputs(b, hq, hkv, sq, sk, d, dtype, seed):
@@ -108,6 +108,12 @@ CASES = [
     (1, 4, 2, 1, 4097, 64, True, None),  # decode
     (2, 4, 2, 777, 777, 128, True, 200),
     (1, 2, 2, 500, 640, 96, False, 150),
+    # Head dim 256 (Gemma 2/3): logits sum twice the terms, |Δs| ~1.4x the d = 128 estimate of the
+    # module docstring (‖ΔO‖/‖O‖ ≲ 8.5e-3), still inside the bounds.
+    (1, 4, 2, 1000, 1000, 256, True, None),
+    (1, 2, 1, 777, 777, 256, True, 200),
+    (1, 4, 2, 300, 1000, 256, False, None),
+    (1, 4, 2, 1, 1000, 256, True, None),  # decode
 ]
 
 
@@ -141,13 +147,14 @@ def test_tma_loads_equal_pointer_loads(case, monkeypatch):
     assert torch.equal(got["1"][0], got["0"][0]) and torch.equal(got["1"][1], got["0"][1])
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("pow2", [False, True])
-def test_varlen_with_empty_sequences_and_keyless_rows(pow2):
+def test_varlen_with_empty_sequences_and_keyless_rows(pow2, d):
     # Sequence 1 is empty; sequence 2 has more queries than keys, so under the end-aligned causal
     # mask its first queries see no key: O = 0, LSE = -inf, and no NaN anywhere.
     cu_q = torch.tensor([0, 129, 129, 400, 1417], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 129, 129, 250, 1300], dtype=torch.int32, device="cuda")
-    q, k, v = _inputs(1, 4, 2, 1420, 1303, 128, torch.bfloat16, seed=3)
+    q, k, v = _inputs(1, 4, 2, 1420, 1303, d, torch.bfloat16, seed=3)
     mask = MaskSpec(causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     cfg = FP8AttentionConfig(pow2_scales=pow2)
     out = _check_vs_emulation(q, k, v, mask, cfg)
@@ -219,20 +226,21 @@ def test_fp8_cast_rounds_once_to_nearest_even(fmt):
     assert torch.equal(y.cpu().view(torch.uint8), x.cpu().to(fmt.dtype).view(torch.uint8))
 
 
+@pytest.mark.parametrize("d", [96, 256])
 @pytest.mark.parametrize("fmt", [FP8Format.E4M3, FP8Format.E5M2])
-def test_quantize_kernel_is_bit_exact(fmt):
+def test_quantize_kernel_is_bit_exact(fmt, d):
     from hf_fp8_attention.kernels.quantize import quantize_operand
 
-    x = torch.randn(2, 3, 1000, 96, device="cuda").mul(torch.logspace(-4, 3, 96, device="cuda")).bfloat16()
+    x = torch.randn(2, 3, 1000, d, device="cuda").mul(torch.logspace(-4, 3, d, device="cuda")).bfloat16()
     rc, rs, cc, cs, _ = quantize_operand(x, row=True, col=True, block=128, fmt=fmt)
     rc, rs, cc, cs = (t.cpu() for t in (rc, rs, cc, cs))
     x = x.cpu()  # reference on the CPU: exact division by FMT_MAX (see the module docstring)
     codes, scales = quantize(x, dim=-1, block=None, fmt=fmt)
     assert torch.equal(rs, scales[..., 0])
-    assert torch.equal(rc[..., :96].view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(rc[..., :d].view(torch.uint8), codes.view(torch.uint8))
     codes, scales = quantize(x, dim=-2, block=128, fmt=fmt)
-    assert torch.equal(cc[:, :, :96, :1000].transpose(-1, -2).contiguous().view(torch.uint8), codes.view(torch.uint8))
-    assert torch.equal(cs[..., :96], scales)
+    assert torch.equal(cc[:, :, :d, :1000].transpose(-1, -2).contiguous().view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(cs[..., :d], scales)
 
 
 def test_autotuned_launch_matches_emulation(monkeypatch):
@@ -255,6 +263,20 @@ def test_autotuned_launch_matches_emulation(monkeypatch):
                                                            (4096, wave_bucket(4 * 47, sms))]
     for cfg in AUTOTUNE_SPACE:
         monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", ",".join(map(str, cfg)))
+        _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
+
+
+def test_autotuned_launch_matches_emulation_d256(monkeypatch):
+    # Head dim 256 tunes among its own space; every candidate compiles and matches the emulation.
+    from hf_fp8_attention.kernels.forward import AUTOTUNE_SPACE_D256, FORWARD_TUNER
+
+    monkeypatch.delenv("HF_FP8_ATTENTION_FWD_CONFIG")
+    monkeypatch.setattr(FORWARD_TUNER, "choices", {})
+    q, k, v = _inputs(1, 4, 2, 700, 700, 256, torch.bfloat16, seed=5)
+    _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
+    assert len(FORWARD_TUNER.choices) == 1 and set(FORWARD_TUNER.choices.values()) <= set(AUTOTUNE_SPACE_D256)
+    for cfg in AUTOTUNE_SPACE_D256:
+        monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "256:" + ",".join(map(str, cfg)))
         _check_vs_emulation(q, k, v, MaskSpec(causal=True), FP8AttentionConfig())
 
 

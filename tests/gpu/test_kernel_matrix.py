@@ -1,7 +1,7 @@
 """The kernel matrix on the GPU: Triton forward and backward against the emulation on 320 fixed cases.
 
 The cases (tests/kernel_matrix.py) are a seeded random sample over batch, heads (GQA), lengths
-(1, odd, multiples of the 128-token tiles), head dims 64/96/128, bf16/fp16/fp32, causal, window,
+(1, odd, multiples of the 128-token tiles), head dims 64/96/128/256, bf16/fp16/fp32, causal, window,
 dense / left-padded / right-padded / packed layouts, and every recipe of ``RECIPES`` with each
 delta mode (recipes added later join automatically). Shapes stay small (<= 384 tokens per row); the time
 is compilation (on an H200 with 8 pytest-xdist workers, ``-n 8``, a cold run covered ~130 cases in
@@ -21,7 +21,8 @@ by under 1.3x and all small: 1 query over a window of 25 keys, 2 queries, 15-tok
 A gradient whose emulated value is exactly zero (a query that sees a single key) must be zero.
 
 Kernel variants: the compiled axes (recipe and delta, head dim, dtype, causal, window, varlen) take
-36 combinations (see ``kernel_matrix.generate``), so a cold run compiles a bounded set of kernels.
+one combination per head dim and (recipe, delta) pair, 80 with four head dims and 20 pairs (see
+``kernel_matrix.generate``), so a cold run compiles a bounded set of kernels.
 The list's coverage is checked on the CPU (tests/test_kernel_matrix_interpreter.py), which also runs
 an 8-case slice of the same builder under the Triton interpreter.
 
