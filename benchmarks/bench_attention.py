@@ -22,6 +22,11 @@ versions, and prints the table last.
     python benchmarks/bench_attention.py                         # forward, the full grid
     python benchmarks/bench_attention.py --modes fwd,bwd,fwdbwd --memory
     python benchmarks/bench_attention.py --dims 256 --heads 8 --modes fwd,fwdbwd   # Gemma 2/3's head dim
+    python benchmarks/bench_attention.py --configs fp8_delta,fp8_delta+softcap,fp8_delta+sinks
+
+A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
+(one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
+them.
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+LOGIT_MODS = ("softcap", "sinks")
+SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
 
 def _csv(kind):
@@ -66,9 +73,11 @@ def parse_args(argv=None):
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
-    bad = set(args.configs) - set(RECIPES)
+    bad = {c.split("+")[0] for c in args.configs} - set(RECIPES)
+    bad |= {m for c in args.configs for m in c.split("+")[1:]} - set(LOGIT_MODS)
     if bad:
-        p.error(f"unknown configs {sorted(bad)}; choose from {sorted(RECIPES)}")
+        p.error(f"unknown configs or modifiers {sorted(bad)}; choose from {sorted(RECIPES)}, "
+                f"each optionally with +{' / +'.join(LOGIT_MODS)}")
     bad = set(args.dims) - set(SUPPORTED_HEAD_DIMS)
     if bad:
         p.error(f"unsupported head dims {sorted(bad)}; choose from {list(SUPPORTED_HEAD_DIMS)}")
@@ -105,9 +114,20 @@ def _sdpa_fn(backend_name, causal):
     return run
 
 
-def _ours_fn(recipe, causal):
+def _ours_fn(name, causal):
+    """``name``: a recipe, optionally with ``+softcap`` / ``+sinks`` (module docstring)."""
+    recipe, *mods = name.split("+")
     cfg = RECIPES[recipe]
-    return lambda q, k, v: fp8_attention(q, k, v, causal=causal, config=cfg)
+    softcap = SOFTCAP if "softcap" in mods else None
+    sinks = {}  # per head count, made once: (H,) fp32 sink logits
+
+    def run(q, k, v):
+        if "sinks" in mods and q.shape[1] not in sinks:
+            gen = torch.Generator(device=q.device).manual_seed(0)
+            sinks[q.shape[1]] = torch.randn(q.shape[1], device=q.device, generator=gen).requires_grad_()
+        return fp8_attention(q, k, v, causal=causal, config=cfg, softcap=softcap, sinks=sinks.get(q.shape[1]))
+
+    return run
 
 
 def _time(impl, mode, q, k, v, warmup, rep):

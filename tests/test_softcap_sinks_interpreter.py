@@ -72,6 +72,7 @@ FORWARD_CASES = {
     "varlen_keyless_rows_both": ((1, 2, 2, 40, 30, 64), {"cu": KEYLESS}, {}, "both"),
     "fast_recipe_sinks": ((1, 2, 1, 21, 21, 64), {"causal": True}, FAST, "sinks"),
     "tile_recipe_both": ((2, 2, 1, 20, 37, 64), {"causal": True}, TILE_RECIPE, "both"),
+    "gemma2_d256_softcap": ((1, 2, 1, 20, 20, 256), {"causal": True}, {}, "softcap"),
 }
 
 
@@ -115,6 +116,9 @@ BACKWARD_CASES = {
     "fast_recipe_sinks": ((1, 2, 1, 20, 24, 64), {"causal": True}, FAST, "sinks", "prequant"),
     "hybrid_both": ((1, 2, 1, 20, 24, 64), {"causal": True}, {"backward": "bf16"}, "both", "prequant"),
     "inregister_tile_recipe_both": ((1, 2, 1, 20, 24, 64), {"causal": True}, TILE_RECIPE, "both", "inregister"),
+    # head dim 256: the launches split dQ's, dK's and dV's channels in two (LAUNCH_D256)
+    "d256_both": ((1, 2, 1, 20, 24, 256), {"causal": True}, {}, "both", "prequant"),
+    "hybrid_d256_softcap": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}, "softcap", "prequant"),
 }
 
 

@@ -36,6 +36,8 @@ SHAPES = {
     "causal_gqa_d128": ((1, 4, 2, 1000, 1000, 128), True, None, None),
     "dense_d64": ((2, 4, 4, 300, 300, 64), False, None, None),
     "window_d96": ((1, 2, 1, 700, 700, 96), True, 200, None),
+    # Gemma 2's case: soft-capping at head dim 256 (channel-split backward launches)
+    "causal_gqa_d256": ((1, 4, 2, 600, 600, 256), True, None, None),
     # a packed sequence of queries without keys (all mass on the sink), then a long one
     "packed_keyless_d64": ((1, 4, 2, 600, 500, 64), False, None, ([0, 100, 600], [0, 0, 500])),
 }
@@ -44,7 +46,7 @@ MODS = ("softcap", "sinks", "both")
 
 @pytest.fixture(autouse=True)
 def _pinned_launch(monkeypatch):
-    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3")
+    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3;256:64,8,2")
 
 
 def _mask(causal, window, cu, device):
