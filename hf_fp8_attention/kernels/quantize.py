@@ -23,6 +23,7 @@ NaN/Inf in a block give a non-finite scale, so the block dequantizes to NaN/Inf,
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 from typing import NamedTuple
@@ -248,13 +249,24 @@ def load_hadamard(h_ptr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def rotate_rows(x, h, DOT_DTYPE: tl.constexpr):
+def rotate_rows(x, h, DOT_DTYPE: tl.constexpr, SRC_DTYPE: tl.constexpr):
     """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix ``h`` (from :func:`load_hadamard`), in fp32.
 
-    The products are exact; DOT_DTYPE is the inputs' own 16-bit type (which holds them exactly), or
-    fp32 (a full-precision dot: fp32 inputs, and the interpreter)."""
+    The products are exact. DOT_DTYPE (:func:`dot_dtype`) is the inputs' own 16-bit type, which
+    holds them exactly, or fp32 (a full-precision dot: fp32 inputs up to head dim 128, and the
+    interpreter). fp32 inputs (SRC_DTYPE) at head dim 256, whose fp32 matrix alone (256 KB) exceeds
+    a block's shared memory, are split into three 16-bit parts, x = x₁ + x₂ + x₃ exactly (8
+    significand bits each), and rotated by three 16-bit dots."""
     if DOT_DTYPE == tl.float32:
         y = tl.dot(x, h, input_precision="ieee", out_dtype=tl.float32)
+    elif SRC_DTYPE == tl.float32:
+        x1 = x.to(DOT_DTYPE)
+        r = x - x1.to(tl.float32)
+        x2 = r.to(DOT_DTYPE)
+        x3 = (r - x2.to(tl.float32)).to(DOT_DTYPE)
+        y = tl.dot(x1, h, out_dtype=tl.float32)
+        y = tl.dot(x2, h, y, out_dtype=tl.float32)
+        y = tl.dot(x3, h, y, out_dtype=tl.float32)
     else:
         y = tl.dot(x.to(DOT_DTYPE), h, out_dtype=tl.float32)
     return y
@@ -300,7 +312,7 @@ def _quantize_tile(
             x_ptrs = x_base + tok[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
             x = tl.load(x_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
             if ROTATE:
-                x = rotate_rows(x, hm, DOT_DTYPE)
+                x = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty)
             if SHIFT:
                 x = x - tl.load(shift_ptr + sh * BLOCK_D + offs_d)[None, :]
             if ROW_HEAD:
@@ -387,15 +399,27 @@ def quantize_kernel(
                        Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
 def hadamard_operand(head_dim: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ±1 Hadamard matrix of ``head_dim`` (:mod:`hf_fp8_attention.transforms`) zero-padded to
     ``(DP, DP)``, contiguous, in ``dtype`` (exact in any float type): the B operand of
-    :func:`rotate_rows`, stored in the dtype of its dot (:func:`torch_dot_dtype`)."""
-    dp = padded_head_dim(head_dim)
-    h = torch.zeros(dp, dp, dtype=torch.float32, device=device)
-    h[:head_dim, :head_dim] = hadamard_matrix(head_dim, device=device)
-    return h.to(dtype)
+    :func:`rotate_rows`, stored in the dtype of its dot (:func:`torch_dot_dtype`).
+
+    Made once per key on a helper thread: a first call inside ``torch.compile(mode="reduce-overhead")``
+    runs in the CUDA graph's memory pool, which takes the allocations of the calling thread only;
+    a cached tensor made there would live in the pool untracked, and Inductor refuses to record the
+    graph."""
+    def build() -> torch.Tensor:
+        dp = padded_head_dim(head_dim)
+        h = torch.zeros(dp, dp, dtype=torch.float32, device=device)
+        h[:head_dim, :head_dim] = hadamard_matrix(head_dim, device=device)
+        h = h.to(dtype)
+        if h.is_cuda:
+            torch.cuda.synchronize(h.device)  # ready for any stream of the caller
+        return h
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(build).result()
 
 
 def rotation_operand(x: torch.Tensor) -> torch.Tensor:
@@ -409,10 +433,12 @@ def torch_dot_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def dot_dtype(x: torch.Tensor):
-    """The dtype :func:`rotate_rows`' dot runs in for inputs like ``x``."""
-    if interpreting() or x.dtype == torch.float32:
+    """The dtype :func:`rotate_rows`' dot runs in for inputs like ``x (..., D)``: fp32 under the
+    interpreter and for fp32 inputs up to head dim 128 (bf16 beyond: three split dots), else the
+    inputs' own 16-bit type."""
+    if interpreting() or (x.dtype == torch.float32 and padded_head_dim(x.shape[-1]) <= 128):
         return tl.float32
-    return tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
+    return tl.float16 if x.dtype == torch.float16 else tl.bfloat16
 
 
 def padded_head_dim(d: int) -> int:

@@ -97,7 +97,7 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
             if SUM:
                 total += tl.sum(x, 0)
             if EXT:
-                y = rotate_rows(x, hm, DOT_DTYPE)
+                y = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty)
                 if SHIFTED:
                     hi = max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, max_nan))
                     lo = _min_nan(lo, tl.reduce(tl.where(s_ok[:, None], y, float("inf")), 0, _min_nan))
