@@ -214,7 +214,7 @@ def coverage(cases: list[Case]) -> dict[str, set]:
 # slice of a dot into an accumulator kept to ~14 bits, so |Δs| <= (D/32) · 2^-14 · τ Σ_d |q_d k_d|
 # <= (D/32) · 2^-14 · τ ‖q‖ (‖k‖ + ‖μ‖) (rotations keep norms; K-smoothing subtracts the keys' mean μ,
 # ‖μ‖ <= max ‖k‖); the base LSE_ABS is that model's typical size on unit-normal inputs.
-FLIP_RATE = {"o": 1e-2, "grad": 2e-3}
+FLIP_RATE = {"p": 1e-2, "ds": 2e-3}  # per P code (O and dV), per dS code (dQ and dK)
 TAIL = 1e-4
 
 
@@ -260,10 +260,10 @@ def noise_bounds(case: Case, q, k, v, dout, mask, o_rel: float, lse_abs: float, 
     kn = k.detach().double().norm(dim=-1).max().item()
     lse_model = (max(case.d, 32) / 32) * 2.0**-14 * scale * qn * 2 * kn
     return {
-        "o": flip_bound(o_rel, n_p, FLIP_RATE["o"], p_bits),
+        "o": flip_bound(o_rel, n_p, FLIP_RATE["p"], p_bits),
         "lse": max(lse_abs, lse_model),
-        "dv": flip_bound(grad_rel, n_p, FLIP_RATE["grad"], p_bits),
-        "dq": flip_bound(grad_rel, n_ds, FLIP_RATE["grad"], ds_bits),
-        "dk": flip_bound(grad_rel, n_ds, FLIP_RATE["grad"], ds_bits),
+        "dv": flip_bound(grad_rel, n_p, FLIP_RATE["p"], p_bits),  # dV's terms are P codes
+        "dq": flip_bound(grad_rel, n_ds, FLIP_RATE["ds"], ds_bits),
+        "dk": flip_bound(grad_rel, n_ds, FLIP_RATE["ds"], ds_bits),
     }
 
