@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from helpers import make_qkv, rel_err  # noqa: E402
-from test_forward_kernel import lse_bound  # noqa: E402
+from test_forward_kernel import _pinned_launch, lse_bound  # noqa: E402,F401  (autouse fixture)
 
 from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
@@ -42,11 +42,6 @@ SHAPES = {
     "causal_gqa_d256": ((1, 4, 2, 700, 700, 256), True, None, None),
     "packed_window_d256": ((1, 4, 2, 600, 600, 256), True, 150, [0, 130, 130, 517, 600]),
 }
-
-
-@pytest.fixture(autouse=True)
-def _pinned_launch(monkeypatch):
-    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3;256:64,8,2")
 
 
 def _mask(causal, window, cu, device):

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 from helpers import make_qkv, rel_err  # noqa: E402
-from test_forward_kernel import lse_bound  # noqa: E402
+from test_forward_kernel import _pinned_launch, lse_bound  # noqa: E402,F401  (autouse fixture)
 
 from hf_fp8_attention import RECIPES, fp8_attention, register_fp8_attention  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
@@ -44,11 +44,6 @@ SHAPES = {
     "packed_keyless_d64": ((1, 4, 2, 600, 500, 64), False, None, ([0, 100, 600], [0, 0, 500])),
 }
 MODS = ("softcap", "sinks", "both")
-
-
-@pytest.fixture(autouse=True)
-def _pinned_launch(monkeypatch):
-    monkeypatch.setenv("HF_FP8_ATTENTION_FWD_CONFIG", "128,8,3;256:64,8,2")
 
 
 def _mask(causal, window, cu, device):
