@@ -124,3 +124,28 @@ def test_new_recipes_join_the_matrix(monkeypatch):
 
 if __name__ == "__main__":
     print(json.dumps(_run_all()))
+
+
+def test_noise_bounds_are_the_base_bounds_on_large_problems():
+    """Over hundreds of keys per query the small-sample model gives the GPU tests' bounds back (it
+    only widens bounds where the terms are few or a cancellation residue; under a causal mask the
+    first rows' concentrated P already count as few)."""
+    import torch
+
+    case = kernel_matrix.Case(0, "dense", 1, 4, 2, 512, 512, 64, "float32", False, None, "fp8_delta", "matched")
+    q, k, v, dout, mask = kernel_matrix.build(case)
+    bounds = kernel_matrix.noise_bounds(case, q, k, v, dout, mask, 1e-2, 2e-3, 1e-2)
+    assert bounds["o"] == bounds["dv"] == bounds["dq"] == bounds["dk"] == 1e-2, bounds
+    assert torch.isfinite(torch.tensor(bounds["lse"]))
+
+
+def test_noise_bounds_widen_for_a_stale_delta_over_one_key():
+    """One key per query: the exact dS is zero, the stale emulation's is the FP8 error of O, so a
+    code flip moves dQ by a large share; with the matched delta dS is exactly zero (the GPU test
+    then asks for an exact zero) and the base bound stays."""
+    stale = kernel_matrix.Case(0, "dense", 2, 2, 2, 31, 31, 96, "float32", True, 1, "fp8_delta", "stale")
+    matched = kernel_matrix.Case(0, "dense", 2, 2, 2, 31, 31, 96, "float32", True, 1, "fp8_delta", "matched")
+    for case, expect_wider in ((stale, True), (matched, False)):
+        q, k, v, dout, mask = kernel_matrix.build(case)
+        bounds = kernel_matrix.noise_bounds(case, q, k, v, dout, mask, 1e-2, 2e-3, 1e-2)
+        assert (bounds["dq"] > 2e-2) is expect_wider, (case.delta, bounds)
