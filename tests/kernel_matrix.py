@@ -21,8 +21,6 @@ The list is generated in code from a fixed seed: the same cases on every run and
 """
 from __future__ import annotations
 
-import functools
-import math
 import random
 from dataclasses import dataclass
 
@@ -31,6 +29,8 @@ import torch
 from hf_fp8_attention import RECIPES, FP8AttentionConfig
 from hf_fp8_attention.config import DeltaMode
 from hf_fp8_attention.masking import MaskSpec
+
+import noise_model
 
 LAYOUTS = ("dense", "left_pad", "right_pad", "packed")
 HEAD_DIMS = (64, 96, 128, 256)
@@ -199,152 +199,8 @@ def coverage(cases: list[Case]) -> dict[str, set]:
     }
 
 
-# Small-sample bounds. The GPU tests' bounds (O_REL, GRAD_REL, LSE_ABS) are typical sizes of the
-# kernel-vs-emulation noise on problems of hundreds of rows and keys. That noise is code flips: the
-# kernel's FP8 MMA keeps ~14 accumulator bits (tests/gpu/test_forward_kernel.py), so a value x it
-# rounds to an FP8 code (P for O and dV, dS for dQ and dK) differs from the emulation's by some Δx,
-# and where x lies within Δx of a rounding boundary the two round to neighbouring codes, one step
-# (2^-m of |x| to within a factor 2) apart. The GPU tests' docstrings put the flipped share at ~1% of
-# P codes and ~0.2% of dS codes on their problems (the first GPU run measured ‖ΔdQ‖/‖dQ‖ = 3.9e-3 at
-# S = 1000, a 0.17% share at one step per flip). A matrix case may have a handful of terms (one
-# query, a window of 2), or terms that are themselves a cancellation residue (a query that sees one
-# key, with the stale delta: dS = dP − rowsum(dO ∘ O) is then the FP8 error of O alone, so a fixed
-# Δx is a large share of x): there few terms flip, or most do. The model scales the measured shares
-# by the case's sensitivity to the same noise. Per element, from the emulation's own P and dS (fp32,
-# before quantization):
-#   Δs  = 2^-14 · τ Σ_d |q_d k_d|                      logit noise; ΔP = P Δs
-#   ΔdP = 2^-14 · Σ_d |dO_d v_d|
-#   ΔdS = P ΔdP + Δs |dS| + P |ΔD|,   ΔD = Σ_j (P ΔdP + Δs P |dP|) matched, 0 stale (rowsum(dO ∘ O)
-#         of the same inputs on both sides)
-#   f   = min(1, 2^m |Δx| / (|x| ln 2))                flip probability (codes log-uniform in a binade)
-# and F = Σ f t² / Σ t² over the terms t of a sum is the share of its sum of squares that flips.
-# These Δ are sums of absolute sizes, larger than the errors' typical size, so F itself overstates
-# the share (10x for dS on the reference problem); the case's share is the measured one times
-# F(case) / F(reference), with the reference the GPU tests' problem (unit-normal inputs, d = 128,
-# 1000 causal tokens). With n_eff = (Σ t²)² / Σ t⁴ the number of terms carrying the sum of squares,
-# the flipped count is Poisson(share · n_eff), below k_max with probability 1 - 1e-4, and one flip
-# moves its term by 2^-m / u for |x| = u 2^e, u in [1, 2): over a log-uniform u, each flip weighted
-# by its probability (∝ u), that is sqrt(1/2) · 2^-m rms, so
-#   ‖Δ‖/‖ref‖ <= max(base, sqrt(1/2) · 2^-m · sqrt(k_max / n_eff)).
-# LSE: |ΔLSE| is at most the logits' own accumulation error. Hopper's FP8 MMA adds each 32-wide
-# slice of a dot into an accumulator kept to ~14 bits, so |Δs| <= (D/32) · 2^-14 · τ Σ_d |q_d k_d|
-# <= (D/32) · 2^-14 · τ ‖q‖ (‖k‖ + ‖μ‖) (rotations keep norms; K-smoothing subtracts the keys' mean μ,
-# ‖μ‖ <= max ‖k‖); the base LSE_ABS is that model's typical size on unit-normal inputs.
-FLIP_RATE = {"p": 1e-2, "ds": 2e-3}  # the flipped shares on the reference problem
-ACCUMULATOR_BITS = 14
-STEP_RMS = math.sqrt(0.5)  # one flip's rms step over |x|, in units of 2^-m
-TAIL = 1e-4
-
-
-def poisson_upper(lam: float, tail: float = TAIL) -> int:
-    """The smallest k with P(Poisson(lam) > k) < tail."""
-    k, pmf = 0, math.exp(-lam)
-    cdf = pmf
-    while 1.0 - cdf >= tail:
-        k += 1
-        pmf *= lam / k
-        cdf += pmf
-    return k
-
-
-class TermStats:
-    """Σ t², Σ t⁴ and Σ f t² over the terms t of a sum, accumulated over packed sequences."""
-
-    def __init__(self):
-        self.s2 = self.s4 = self.flipped = 0.0
-
-    def add(self, terms: torch.Tensor, flip: torch.Tensor) -> None:
-        t2 = terms.double() ** 2
-        self.s2 += float(t2.sum())
-        self.s4 += float((t2 * t2).sum())
-        self.flipped += float((flip.double() * t2).sum())
-
-    @property
-    def n_eff(self) -> float:
-        """How many terms carry the sum of squares: (Σ t²)² / Σ t⁴ (inf without any)."""
-        return self.s2 * self.s2 / self.s4 if self.s4 > 0 else float("inf")
-
-    @property
-    def flip_share(self) -> float:
-        """F = Σ f t² / Σ t²: the expected share of the sum of squares that flips."""
-        return self.flipped / self.s2 if self.s2 > 0 else 0.0
-
-
-def flip_probability(x: torch.Tensor, noise: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
-    """min(1, 2^m |Δx| / (|x| ln 2)) per element (1 where x = 0: such a term weighs nothing)."""
-    ratio = noise / x.abs()
-    return torch.where(x == 0, 1.0, (2.0**mantissa_bits / math.log(2) * ratio).clamp(max=1.0))
-
-
-def flip_bound(base: float, stats: TermStats, share: float, mantissa_bits: int) -> float:
-    """``base``, or the model's bound for these terms (``share`` of them flipped) when that is
-    larger (see above)."""
-    n_eff = stats.n_eff
-    if not math.isfinite(n_eff):
-        return base
-    step = STEP_RMS * 2.0**-mantissa_bits
-    return max(base, step * math.sqrt(poisson_upper(share * n_eff) / n_eff))
-
-
-@functools.lru_cache(maxsize=1)
-def reference_flip_shares() -> tuple[float, float]:
-    """The model's F for P and for dS on the reference problem (see above)."""
-    gen = torch.Generator().manual_seed(0)
-    q, dout = (torch.randn(1, 4, 1000, 128, generator=gen) for _ in range(2))
-    k, v = (torch.randn(1, 2, 1000, 128, generator=gen) for _ in range(2))
-    case = Case(0, "dense", 1, 4, 2, 1000, 1000, 128, "float32", True, None, "fp8_delta", "matched")
-    p_stats, ds_stats = _term_stats(case, q, k, v, dout, MaskSpec(causal=True), case.config())
-    return p_stats.flip_share, ds_stats.flip_share
-
-
-def _term_stats(case: Case, q, k, v, dout, mask, config: FP8AttentionConfig) -> tuple[TermStats, TermStats]:
-    """(P terms, dS terms) of ``case`` under the model above, from the emulation's backward."""
-    from hf_fp8_attention.reference import emulated_backward, emulated_forward
-
-    scale = case.d**-0.5
-    noise = 2.0**-ACCUMULATOR_BITS
-    out, lse = emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
-    _, internals = emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
-                                     return_internals=True)
-    spans = mask.sequence_bounds() if mask.is_varlen else [(0, q.shape[2], 0, k.shape[2])]
-    p_bits, ds_bits = config.p_format.mantissa_bits, config.ds_format.mantissa_bits
-    matched = config.delta is DeltaMode.MATCHED
-    g = case.hq // case.hkv
-    p_stats, ds_stats = TermStats(), TermStats()
-    for (qs, qe, ks, ke), parts in zip(spans, internals):
-        def grouped(x):  # (B, Hq, S, D) -> (B, Hkv, G, S, D), |x| in fp32
-            return x[:, :, qs:qe].float().abs().unflatten(1, (case.hkv, g))
-
-        def keys(x):  # (B, Hkv, Sk, D), |x| in fp32
-            return x[:, :, ks:ke].float().abs()
-
-        d_logit = noise * scale * torch.einsum("bhgqd,bhkd->bhgqk", grouped(q), keys(k))
-        d_dp = noise * torch.einsum("bhgqd,bhkd->bhgqk", grouped(dout), keys(v))
-        p, dp, ds = parts.p, parts.dp, parts.ds
-        d_delta = (p * d_dp + d_logit * p * dp.abs()).sum(-1, keepdim=True) if matched else 0.0
-        d_ds = p * d_dp + d_logit * ds.abs() + p * d_delta
-        p_stats.add(p, flip_probability(torch.ones_like(p), d_logit, p_bits))  # ΔP / P = Δs
-        ds_stats.add(ds, flip_probability(ds, d_ds, ds_bits))
-    return p_stats, ds_stats
-
-
 def noise_bounds(case: Case, q, k, v, dout, mask, o_rel: float, lse_abs: float, grad_rel: float) -> dict:
     """The bounds for ``case`` (inputs as :func:`build` gives them): ``o``, ``lse``, ``dq``, ``dk``,
-    ``dv`` (before the bf16/fp16 output rounding the caller adds)."""
-    config = case.config()
-    scale = case.d**-0.5
-    p_stats, ds_stats = _term_stats(case, q, k, v, dout, mask, config)
-    p_ref, ds_ref = reference_flip_shares()
-    p_share = FLIP_RATE["p"] * p_stats.flip_share / p_ref
-    ds_share = FLIP_RATE["ds"] * ds_stats.flip_share / ds_ref
-    p_bits, ds_bits = config.p_format.mantissa_bits, config.ds_format.mantissa_bits
-    qn = q.detach().double().norm(dim=-1).max().item()
-    kn = k.detach().double().norm(dim=-1).max().item()
-    lse_model = (max(case.d, 32) / 32) * 2.0**-14 * scale * qn * 2 * kn
-    return {
-        "o": flip_bound(o_rel, p_stats, p_share, p_bits),
-        "lse": max(lse_abs, lse_model),
-        "dv": flip_bound(grad_rel, p_stats, p_share, p_bits),  # dV's terms are P codes
-        "dq": flip_bound(grad_rel, ds_stats, ds_share, ds_bits),
-        "dk": flip_bound(grad_rel, ds_stats, ds_share, ds_bits),
-    }
+    ``dv`` (before the bf16/fp16 output rounding the caller adds); see tests/noise_model.py."""
+    return noise_model.noise_bounds(q, k, v, dout, mask, case.config(), scale=case.d**-0.5, o_rel=o_rel,
+                                    lse_abs=lse_abs, grad_rel=grad_rel)

@@ -5,7 +5,8 @@ Same tiny models as test_integration_models, moved to CUDA. Tolerances:
   1e-4 (forward) and 1e-3 (gradients) per attention call (tests/gpu: fp32 summation order flips an
   FP8 code at a rounding boundary now and then). Two layers, each perturbing the next one's
   inputs by that much: KERNEL_LOGITS = 1e-3 and KERNEL_GRADS = 1e-2 (10x the per-call bounds),
-  still 60x / 12x below the FP8 budgets.
+  still 60x / 12x below the FP8 budgets. Gemma 3 normalises q and k, so its logits are as large as
+  the kernel tests' and its calls carry their noise: its test bounds the kernels by the FP8 error.
 - Padded vs unpadded through the kernels' varlen path: same quantization tiles, so the per-call
   kernel bound again: KERNEL_LOGITS.
 - bf16 model vs float64 sdpa: the FP8 budget of test_integration_models plus the bf16 model's own
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.gpu
 
 KERNEL_LOGITS = 1e-3
 KERNEL_GRADS = 1e-2
+FLIP_SHARE_OF_FP8_ERROR = 0.33  # see test_kernels_match_emulation_in_a_head_dim_256_gemma
 EMULATION = register_fp8_attention("fp8_delta_emulation_test", RECIPES["fp8_delta"].replace(backend="emulation"))
 
 
@@ -69,13 +71,27 @@ def test_kernels_match_emulation_in_a_model(family, monkeypatch):
 
 
 def test_kernels_match_emulation_in_a_head_dim_256_gemma():
-    # Gemma 3 (head_dim 256, a windowed and a global layer): the d = 256 launches in a model.
+    """Gemma 3 (head_dim 256, a windowed and a global layer): the d = 256 launches in a model.
+
+    Gemma 3 normalises q and k (RMS norm per head), so its logits are unit-normal-sized as in the
+    kernel tests, not small as in the other tiny models: each call carries the kernel tests' code-flip
+    noise (~1% of P codes move one step, tests/noise_model.py) and the per-call 1e-4 behind
+    KERNEL_LOGITS does not hold (the first H200 run measured 5.9e-3 on the logits). That noise is a
+    fixed share of the FP8 rounding error the emulation itself carries: a flip share f at rms step
+    sqrt(1/2) · 2^-m against every code rounded, rms 2^-m · sqrt(E[1/u²] / 12) = 0.21 · 2^-m over
+    log-uniform mantissas u, is sqrt(f / 2) / 0.21 = 0.33 at f = 1%, and the emulation's error also
+    holds Q, K, V and dO's rounding. So the kernels sit within FLIP_SHARE_OF_FP8_ERROR of the
+    emulation's distance to float64 SDPA."""
     model = _cuda(tiny_gemma("gemma3_text", "fp8_delta"))
     x = tokens(2, 40).cuda()
     kernel_logits, kernel_grads = logits_and_grads(model, x)
     emu_logits, emu_grads = logits_and_grads(_cuda(same_weights(model.cpu(), EMULATION)), x)
-    assert rel(kernel_logits, emu_logits) < KERNEL_LOGITS
-    assert rel(_flat(kernel_grads), _flat(emu_grads)) < KERNEL_GRADS
+    exact_logits, exact_grads = logits_and_grads(_cuda(same_weights(model.cpu(), "sdpa", torch.float64)), x)
+    fp8_logits_err = rel(emu_logits, exact_logits)
+    fp8_grads_err = rel(_flat(emu_grads), _flat(exact_grads))
+    logits_err, grads_err = rel(kernel_logits, emu_logits), rel(_flat(kernel_grads), _flat(emu_grads))
+    assert logits_err < FLIP_SHARE_OF_FP8_ERROR * fp8_logits_err, (logits_err, fp8_logits_err)
+    assert grads_err < FLIP_SHARE_OF_FP8_ERROR * fp8_grads_err, (grads_err, fp8_grads_err)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])

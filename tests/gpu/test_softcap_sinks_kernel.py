@@ -1,14 +1,18 @@
 """Logit soft-capping and attention sinks in the Triton kernels on an FP8-capable GPU, against the
 emulation (same config and modifiers), through the op and in tiny Gemma 2 / GPT-OSS models.
 
-Bounds are test_recipes_kernel's (O_REL, LSE_ABS, GRAD_REL; reasoning in test_forward_kernel.py
-and test_backward_kernel.py: Hopper's FP8 MMA keeps ~14 mantissa bits, so logits and dP carry
-~2^-14 relative noise that flips P and dS codes at rounding boundaries). The features add no such
-source: the kernels' tanh is within 2 fp32 ulps of torch's and the cap's slope is at most 1 (it
-shrinks, never grows, a logit's noise), the sink is one exact logit. dsinks is a signed sum over a
-head's rows; its difference is measured against the size of its terms, Σ_i |P_i,sink D_i| (as
-diagnostics.sink_grad_error does against float64), with GRAD_REL. In the models: the per-call
-bounds of test_integration_gpu (KERNEL_LOGITS, KERNEL_GRADS).
+Base bounds are test_recipes_kernel's (O_REL, LSE_ABS via lse_bound, GRAD_REL; reasoning in
+test_forward_kernel.py and test_backward_kernel.py: Hopper's FP8 MMA keeps ~14 mantissa bits, so
+logits and dP carry ~2^-14 relative noise that flips P and dS codes at rounding boundaries). The
+features add no such source: the kernels' tanh is within 2 fp32 ulps of torch's and the cap's slope
+is at most 1 (it shrinks, never grows, a logit's noise), the sink is one exact logit. The inputs
+here carry outliers (helpers.make_qkv): uncapped, their logits reach several times the unit-normal
+size, so P concentrates on few keys and each logit's noise is larger; the bounds are the noise
+model's on each problem (tests/noise_model.py), which widens the base bounds for exactly that (on
+the base bounds alone, the first H200 run failed all 25 sinks-only cases and one capped one).
+dsinks is a signed sum over a head's rows; its difference is measured against the size of its
+terms, Σ_i |P_i,sink D_i| (as diagnostics.sink_grad_error does against float64), with GRAD_REL. In
+the models: the per-call bounds of test_integration_gpu (KERNEL_LOGITS, KERNEL_GRADS).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import noise_model  # noqa: E402
 from helpers import make_qkv, rel_err  # noqa: E402
 from test_forward_kernel import _pinned_launch, lse_bound  # noqa: E402,F401  (autouse fixture)
 
@@ -84,19 +89,25 @@ def test_kernels_match_emulation_with_features(recipe, shape, mods):
                                              config=config, return_internals=True, **m_cpu)
     qg, kg, vg, dog = (t.cuda() for t in (q, k, v, do))
     out, lse = triton_forward(qg, kg, vg, scale=scale, mask=mask_gpu, config=config, **m_gpu)
+    bounds = noise_model.noise_bounds(q, k, v, do, mask_cpu, config, scale=scale, o_rel=O_REL,
+                                      lse_abs=lse_bound(dims[-1]), grad_rel=GRAD_REL, **m_cpu)
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse.cpu()), fin)
-    assert (lse.cpu()[fin] - ref_lse[fin]).abs().max().item() <= lse_bound(dims[-1])
-    assert rel_err(out.cpu(), ref_out) <= O_REL, rel_err(out.cpu(), ref_out)
+    lse_err = (lse.cpu()[fin] - ref_lse[fin]).abs().max().item()
+    assert lse_err <= bounds["lse"], ("lse", lse_err, bounds["lse"])
+    o_err = rel_err(out.cpu(), ref_out)
+    assert o_err <= bounds["o"], ("o", o_err, bounds["o"])
     grads = triton_backward(qg, kg, vg, ref_out.cuda(), ref_lse.cuda(), dog, scale=scale, mask=mask_gpu,
                             config=config, **m_gpu)
     assert len(grads) == len(ref_grads)
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert torch.isfinite(g).all(), name
-        assert rel_err(g.cpu(), r) <= GRAD_REL, (name, rel_err(g.cpu(), r))
+        err = rel_err(g.cpu(), r)
+        assert err <= bounds[name], (name, err, bounds[name])
     if "sinks" in m_cpu:
         diff = (grads[3].cpu().double() - ref_grads[3].double()).abs().sum()
-        assert diff / _sink_terms(internals).double().sum() <= GRAD_REL
+        sink_err = (diff / _sink_terms(internals).double().sum()).item()
+        assert sink_err <= GRAD_REL, ("dsinks", sink_err)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
