@@ -4,7 +4,13 @@
 # Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
 #   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
 # Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
-#      SKIP_TESTS=1 / SKIP_BENCH=1. Arguments are passed to benchmarks/bench_attention.py.
+#      SKIP_TESTS=1 / SKIP_BENCH=1, TEST_LIMIT (seconds: pytest gets SIGINT then, and still prints
+#      its summary), RESUME_LOGS (earlier pytest_gpu.log files: their passes on the same sources are
+#      not rerun; benchmarks/pytest_gpu_resume.py). Failures also go to $OUT/failures.log as they
+#      happen. Arguments are passed to benchmarks/bench_attention.py.
+# The suite takes longer than 10 minutes cold; in parts:
+#   TEST_LIMIT=540 SKIP_BENCH=1 bash benchmarks/gpu_suite.sh        # then, with the log carried back:
+#   TEST_LIMIT=540 SKIP_BENCH=1 RESUME_LOGS=part1/pytest_gpu.log bash benchmarks/gpu_suite.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_suite_out}
@@ -16,8 +22,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
 test_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   # -v: every test's id and outcome as it ends, so a run cut by a time limit still names its failures.
+  limit=()
+  if [ -n "${TEST_LIMIT:-}" ]; then limit=(timeout -s INT -k 30 "$TEST_LIMIT"); fi
   # shellcheck disable=SC2086
-  python -m pytest -v -m gpu -rs $XDIST ${TESTS:-tests} 2>&1 | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed"
+  FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "${limit[@]}" \
+    python -m pytest -v -m gpu -rs $XDIST -p pytest_gpu_resume ${TESTS:-tests} 2>&1 \
+    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed"
   test_rc=${PIPESTATUS[0]}
 fi
 bench_rc=0
