@@ -32,6 +32,15 @@ the flipped count is Poisson(share · n_eff), below k_max with probability 1 - 1
 moves its term by 2^-m / u for |x| = u 2^e, u in [1, 2): over a log-uniform u, each flip weighted
 by its probability (∝ u), that is sqrt(1/2) · 2^-m rms, so
   ‖Δ‖/‖ref‖ <= max(base, sqrt(1/2) · 2^-m · sqrt(k_max / n_eff)).
+Outlier inputs: the flip model widens a bound only where terms are few; over many terms it gives
+the base bound back, which is a typical size on unit-normal problems. Where a problem's noise is
+larger than that everywhere (outlier channels: each wgmma step aligns its addends to the largest
+one, tests/hopper_accumulator.py), ``accumulator_model=True`` scales the base bounds of O and the
+gradients by the ratio of that model's difference on the problem to its difference on the reference
+problem, when above 1. (On the soft-cap/sink tests' inputs the model gave 0.0109 for the stale
+recipe's dQ with sinks and a 200-key window, 2.1x the reference; the H200 measured 0.0113 against a
+base bound of 0.01. The model's gradients match the H200 to within ~10% on the three cases it puts
+nearest their bounds.)
 LSE: ΔLSE_i = Σ_j P_ij Δs_ij to first order, with Δs_ij at most the logit's worst-case accumulation
 error. Hopper's FP8 MMA adds each 32-wide slice of a dot into an accumulator of 13 mantissa bits
 that truncates (e8m13): each add is off by less than 2^-13 of the partial sum, 2^-14 on average (the
@@ -164,25 +173,56 @@ class _Problem:
         return worst
 
 
-@functools.lru_cache(maxsize=1)
-def reference_flip_shares() -> tuple[float, float]:
-    """The model's F for P and for dS on the reference problem (module docstring)."""
+def _reference_problem():
+    """The GPU tests' problem the base bounds and FLIP_RATE come from (module docstring)."""
     gen = torch.Generator().manual_seed(0)
     q, dout = (torch.randn(1, 4, 1000, 128, generator=gen) for _ in range(2))
     k, v = (torch.randn(1, 2, 1000, 128, generator=gen) for _ in range(2))
-    config = RECIPES["fp8_delta"]
-    problem = _Problem(q, k, v, dout, MaskSpec(causal=True), config, 128**-0.5, {})
-    p_stats, ds_stats = problem.term_stats(config)
+    return q, k, v, dout, MaskSpec(causal=True), RECIPES["fp8_delta"], 128**-0.5
+
+
+@functools.lru_cache(maxsize=1)
+def reference_flip_shares() -> tuple[float, float]:
+    """The model's F for P and for dS on the reference problem (module docstring)."""
+    q, k, v, dout, mask, config, scale = _reference_problem()
+    p_stats, ds_stats = _Problem(q, k, v, dout, mask, config, scale, {}).term_stats(config)
     return p_stats.flip_share, ds_stats.flip_share
+
+
+@functools.lru_cache(maxsize=1)
+def reference_modelled_differences() -> dict:
+    """tests/hopper_accumulator.py's differences on the reference problem (module docstring)."""
+    from hopper_accumulator import modelled_differences
+
+    return modelled_differences(*_reference_problem())
+
+
+def accumulator_scales(q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, scale: float, mods: dict) -> dict:
+    """Per O and gradient, max(1, the accumulator model's difference on this problem over the one on
+    the reference problem) (module docstring)."""
+    from hopper_accumulator import modelled_differences
+
+    here = modelled_differences(*(t.detach().cpu().float() for t in (q, k, v, dout)), _on_cpu(mask), config,
+                                scale, {n: x.cpu() if torch.is_tensor(x) else x for n, x in mods.items()})
+    ref = reference_modelled_differences()
+    return {n: max(1.0, here[n] / ref[n]) for n in ("o", "dq", "dk", "dv")}
+
+
+def _on_cpu(mask: MaskSpec) -> MaskSpec:
+    if not mask.is_varlen:
+        return mask
+    return MaskSpec(causal=mask.causal, window=mask.window, cu_seqlens_q=mask.cu_seqlens_q.cpu(),
+                    cu_seqlens_k=mask.cu_seqlens_k.cpu())
 
 
 def noise_bounds(q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, *, scale: float, o_rel: float,
                  lse_abs: float, grad_rel: float, softcap: float | None = None,
-                 sinks: torch.Tensor | None = None) -> dict:
+                 sinks: torch.Tensor | None = None, accumulator_model: bool = False) -> dict:
     """The bounds on one problem, q/dout ``(B, Hq, Sq, D)``, k/v ``(B, Hkv, Sk, D)`` (any device and
     dtype; ``softcap``, ``sinks`` ``(Hq,)`` as :func:`emulated_forward` takes them): ``o``, ``lse``
     (absolute), ``dq``, ``dk``, ``dv`` (relative, before the bf16/fp16 output rounding the caller
-    adds). Each is the base bound or the model's, whichever is larger."""
+    adds). Each is the base bound or the model's, whichever is larger; with ``accumulator_model``
+    the base bounds of O and the gradients are first scaled by :func:`accumulator_scales`."""
     mods = {name: x for name, x in (("softcap", softcap), ("sinks", sinks)) if x is not None}
     problem = _Problem(q, k, v, dout, mask, config, scale, mods)
     p_stats, ds_stats = problem.term_stats(config)
@@ -190,10 +230,14 @@ def noise_bounds(q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, *, s
     p_share = FLIP_RATE["p"] * p_stats.flip_share / p_ref
     ds_share = FLIP_RATE["ds"] * ds_stats.flip_share / ds_ref
     p_bits, ds_bits = config.p_format.mantissa_bits, config.ds_format.mantissa_bits
+    base = {"o": o_rel, "dq": grad_rel, "dk": grad_rel, "dv": grad_rel}
+    if accumulator_model:
+        scales = accumulator_scales(q, k, v, dout, mask, config, scale, mods)
+        base = {n: b * scales[n] for n, b in base.items()}
     return {
-        "o": flip_bound(o_rel, p_stats, p_share, p_bits),
+        "o": flip_bound(base["o"], p_stats, p_share, p_bits),
         "lse": max(lse_abs, problem.lse_model()),
-        "dv": flip_bound(grad_rel, p_stats, p_share, p_bits),  # dV's terms are P codes
-        "dq": flip_bound(grad_rel, ds_stats, ds_share, ds_bits),
-        "dk": flip_bound(grad_rel, ds_stats, ds_share, ds_bits),
+        "dv": flip_bound(base["dv"], p_stats, p_share, p_bits),  # dV's terms are P codes
+        "dq": flip_bound(base["dq"], ds_stats, ds_share, ds_bits),
+        "dk": flip_bound(base["dk"], ds_stats, ds_share, ds_bits),
     }
