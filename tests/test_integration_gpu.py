@@ -6,7 +6,7 @@ Same tiny models as test_integration_models, moved to CUDA. Tolerances:
   FP8 code at a rounding boundary now and then). Two layers, each perturbing the next one's
   inputs by that much: KERNEL_LOGITS = 1e-3 and KERNEL_GRADS = 1e-2 (10x the per-call bounds),
   still 60x / 12x below the FP8 budgets. Gemma 3 normalises q and k, so its logits are as large as
-  the kernel tests' and its calls carry their noise: its test bounds the kernels by the FP8 error.
+  the kernel tests' and its calls carry their noise: its test bounds the kernels by that noise, modelled.
 - Padded vs unpadded through the kernels' varlen path: same quantization tiles, so the per-call
   kernel bound again: KERNEL_LOGITS.
 - bf16 model vs float64 sdpa: the FP8 budget of test_integration_models plus the bf16 model's own
@@ -22,6 +22,7 @@ import torch
 
 from hf_fp8_attention import RECIPES, register_fp8_attention
 from hf_fp8_attention.integration import transformers_backend
+from hopper_accumulator import hopper_accumulation
 from test_integration_models import (
     FP8_GRAD_BUDGET,
     FP8_LOGITS_BUDGET,
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.gpu
 
 KERNEL_LOGITS = 1e-3
 KERNEL_GRADS = 1e-2
-FLIP_SHARE_OF_FP8_ERROR = 0.33  # see test_kernels_match_emulation_in_a_head_dim_256_gemma
+MODEL_MARGIN = 2.0  # see test_kernels_match_emulation_in_a_head_dim_256_gemma
 EMULATION = register_fp8_attention("fp8_delta_emulation_test", RECIPES["fp8_delta"].replace(backend="emulation"))
 
 
@@ -74,24 +75,23 @@ def test_kernels_match_emulation_in_a_head_dim_256_gemma():
     """Gemma 3 (head_dim 256, a windowed and a global layer): the d = 256 launches in a model.
 
     Gemma 3 normalises q and k (RMS norm per head), so its logits are unit-normal-sized as in the
-    kernel tests, not small as in the other tiny models: each call carries the kernel tests' code-flip
-    noise (~1% of P codes move one step, tests/noise_model.py) and the per-call 1e-4 behind
-    KERNEL_LOGITS does not hold (the first H200 run measured 5.9e-3 on the logits). That noise is a
-    fixed share of the FP8 rounding error the emulation itself carries: a flip share f at rms step
-    sqrt(1/2) · 2^-m against every code rounded, rms 2^-m · sqrt(E[1/u²] / 12) = 0.21 · 2^-m over
-    log-uniform mantissas u, is sqrt(f / 2) / 0.21 = 0.33 at f = 1%, and the emulation's error also
-    holds Q, K, V and dO's rounding. So the kernels sit within FLIP_SHARE_OF_FP8_ERROR of the
-    emulation's distance to float64 SDPA."""
+    kernel tests, not small as in the other tiny models, and its calls carry the kernel tests'
+    accumulation noise: the per-call 1e-4 behind KERNEL_LOGITS does not hold (the first H200 runs
+    measured 5.9e-3 on the logits). The bound is the noise itself, modelled: the emulation with
+    Hopper's FP8 accumulation (tests/hopper_accumulator.py) against the plain emulation, which
+    predicts the kernels' differences to within about 2x (its docstring; on this model's logits, run
+    on a CPU, 7.6e-3 against the H200's 5.9e-3). MODEL_MARGIN is that 2x."""
     model = _cuda(tiny_gemma("gemma3_text", "fp8_delta"))
     x = tokens(2, 40).cuda()
     kernel_logits, kernel_grads = logits_and_grads(model, x)
-    emu_logits, emu_grads = logits_and_grads(_cuda(same_weights(model.cpu(), EMULATION)), x)
-    exact_logits, exact_grads = logits_and_grads(_cuda(same_weights(model.cpu(), "sdpa", torch.float64)), x)
-    fp8_logits_err = rel(emu_logits, exact_logits)
-    fp8_grads_err = rel(_flat(emu_grads), _flat(exact_grads))
-    logits_err, grads_err = rel(kernel_logits, emu_logits), rel(_flat(kernel_grads), _flat(emu_grads))
-    assert logits_err < FLIP_SHARE_OF_FP8_ERROR * fp8_logits_err, (logits_err, fp8_logits_err)
-    assert grads_err < FLIP_SHARE_OF_FP8_ERROR * fp8_grads_err, (grads_err, fp8_grads_err)
+    emulation = _cuda(same_weights(model.cpu(), EMULATION))
+    emu_logits, emu_grads = logits_and_grads(emulation, x)
+    with hopper_accumulation():
+        modelled_logits, modelled_grads = logits_and_grads(emulation, x)
+    logits_err, modelled_logits_err = rel(kernel_logits, emu_logits), rel(modelled_logits, emu_logits)
+    grads_err, modelled_grads_err = rel(_flat(kernel_grads), _flat(emu_grads)), rel(_flat(modelled_grads), _flat(emu_grads))
+    assert logits_err < MODEL_MARGIN * modelled_logits_err, (logits_err, modelled_logits_err)
+    assert grads_err < MODEL_MARGIN * modelled_grads_err, (grads_err, modelled_grads_err)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
