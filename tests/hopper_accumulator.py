@@ -52,8 +52,9 @@ def truncate(x: torch.Tensor, bits: int = ACCUMULATOR_BITS) -> torch.Tensor:
 
 def _step(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One wgmma step: ``acc (.., M, N)`` plus ``a (.., M, k) @ b (.., k, N)``, k <= SLICE. fp32
-    suffices: a product's rounding (2^-24) is far below the cut (2^-15 of the step's largest addend),
-    and the cut addends are integers in units of the cut, whose sum of 33 is exact."""
+    suffices: a product's rounding (2^-24) is far below the cut (2^-15 of the step's largest addend
+    with one guard bit), and the cut addends are integers in units of the cut, whose sum of 33 is
+    exact."""
     out = torch.empty_like(acc)
     for r in range(0, a.shape[-2], ROW_BLOCK):
         rows = slice(r, r + ROW_BLOCK)
@@ -70,7 +71,7 @@ def _step(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def accumulated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a (.., M, K) @ b (.., K, N)`` as the FP8 wgmma accumulates it (module docstring), fp32."""
     a, b = a.float(), b.float()
-    acc = torch.zeros(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    acc = torch.zeros(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1], device=a.device)
     for s in range(0, a.shape[-1], SLICE):
         acc = _step(acc, a[..., s:s + SLICE], b[..., s:s + SLICE, :])
     return acc
