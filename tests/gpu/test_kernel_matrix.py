@@ -15,8 +15,8 @@ against the emulation's backward on the emulation's forward (tests/gpu/test_back
 Those bounds are the noise model's typical sizes on problems of hundreds of rows and keys; a
 matrix case with a handful of terms (one query, a window of 2), or whose terms are a cancellation
 residue, takes the same model at its own number of terms and its own sensitivity to the
-accumulation noise (``kernel_matrix.noise_bounds``), which gives the base bounds back over hundreds
-of keys per query. (The first full run on the H200 failed 4 of 320 cases on the base bounds alone, all
+accumulation noise (``kernel_matrix.noise_bounds``, tests/noise_model.py), which gives the base
+bounds back over hundreds of keys per query. (The first full run on the H200 failed 4 of 320 cases on the base bounds alone, all
 by under 1.3x and all small: 1 query over a window of 25 keys, 2 queries, 15-token rows, a
 100-token causal row's LSE. A later run failed 3 on the count-only model: two stale-delta dQ with
 one key per query, where the exact dS is zero and the emulation's is the FP8 error of O, and a dV
