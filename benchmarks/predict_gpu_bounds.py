@@ -9,6 +9,7 @@ scaling (which takes this same model's differences and would pass them by constr
 GPU tests applied before that scaling, so the tables also check the model against those runs.
 
   python benchmarks/predict_gpu_bounds.py --suite softcap_sinks [--only fp8_stale-window_d96-sinks]
+  python benchmarks/predict_gpu_bounds.py --suite recipes
   python benchmarks/predict_gpu_bounds.py --suite kernel_matrix --limit 40
 
 Writes ``benchmarks/results/cpu_predicted_<suite>.md`` (``--out`` to change) and prints each case as
@@ -65,6 +66,20 @@ def softcap_sinks_cases(only):
                 yield case_id, (q, k, v, dout, mask, config, scale, mods), bounds
 
 
+def recipes_cases(only):
+    """(id, inputs, bounds) of tests/gpu/test_recipes_kernel.py's cases (fixed bounds there)."""
+    t = _test_module("test_recipes_kernel")
+    lse_bound = _test_module("test_forward_kernel").lse_bound
+    for recipe, shape in t.CASES:
+        case_id = f"{recipe}-{shape}"
+        if only and case_id not in only:
+            continue
+        dims, causal, window, cu = t.SHAPES[shape]
+        q, k, v, dout = make_qkv(*dims, dtype=torch.float32, seed=7)
+        bounds = {"lse": lse_bound(dims[-1]), "o": t.O_REL, "dq": t.GRAD_REL, "dk": t.GRAD_REL, "dv": t.GRAD_REL}
+        yield case_id, (q, k, v, dout, t._mask(causal, window, cu, "cpu"), RECIPES[recipe], dims[-1] ** -0.5, {}), bounds
+
+
 def kernel_matrix_cases(only, limit):
     """(id, inputs, bounds) of tests/gpu/test_kernel_matrix.py's cases (fp32 bounds: the model runs
     in fp32, so the 16-bit cases' output rounding is left out on both sides)."""
@@ -83,7 +98,7 @@ def kernel_matrix_cases(only, limit):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=("softcap_sinks", "kernel_matrix"), required=True)
+    parser.add_argument("--suite", choices=("softcap_sinks", "recipes", "kernel_matrix"), required=True)
     parser.add_argument("--only", nargs="*", help="case ids")
     parser.add_argument("--limit", type=int, help="first N kernel-matrix cases")
     parser.add_argument("--guard-bits", type=int, default=hopper_accumulator.GUARD_BITS,
@@ -91,8 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/cpu_predicted_<suite>.md)")
     args = parser.parse_args(argv)
     hopper_accumulator.GUARD_BITS = args.guard_bits
-    cases = (softcap_sinks_cases(args.only) if args.suite == "softcap_sinks"
-             else kernel_matrix_cases(args.only, args.limit))
+    cases = {"softcap_sinks": lambda: softcap_sinks_cases(args.only), "recipes": lambda: recipes_cases(args.only),
+             "kernel_matrix": lambda: kernel_matrix_cases(args.only, args.limit)}[args.suite]()
     rows, start = [], time.time()
     for i, (case_id, inputs, bounds) in enumerate(cases):
         diff = modelled_differences(*inputs)
