@@ -14,7 +14,6 @@ second at most about 1.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu")]
 import hopper_accumulator  # noqa: E402
 import noise_model  # noqa: E402
 from helpers import make_qkv  # noqa: E402
+from predict_gpu_bounds import load_gpu_test_module  # noqa: E402
 
 from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.reference import emulated_forward  # noqa: E402
@@ -56,10 +56,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu_accumulator_calibration.md")
     args = parser.parse_args(argv)
-    spec = importlib.util.spec_from_file_location("softcap_test", ROOT / "tests" / "gpu" / "test_softcap_sinks_kernel.py")
-    t = importlib.util.module_from_spec(spec)
-    sys.modules["softcap_test"] = t
-    spec.loader.exec_module(t)
+    t = load_gpu_test_module("test_softcap_sinks_kernel")
     rows = []
     for i, (case, (kind, value)) in enumerate(gpu_observations().items()):
         recipe, shape, mods_name = re.fullmatch(r"(.+)-(\w+_d\d+)-(\w+)", case).groups()

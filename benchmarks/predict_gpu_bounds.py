@@ -40,7 +40,8 @@ from hf_fp8_attention import RECIPES  # noqa: E402
 QUANTITIES = ("lse", "o", "dq", "dk", "dv")
 
 
-def _test_module(name: str):
+def load_gpu_test_module(name: str):
+    """tests/gpu/<name>.py as a module (its cases, shapes and bounds), without running it."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "gpu" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -50,7 +51,7 @@ def _test_module(name: str):
 
 def softcap_sinks_cases(only):
     """(id, inputs, bounds) of tests/gpu/test_softcap_sinks_kernel.py's feature cases."""
-    t = _test_module("test_softcap_sinks_kernel")
+    t = load_gpu_test_module("test_softcap_sinks_kernel")
     for recipe in t.RECIPES_RUN:
         for shape in sorted(t.SHAPES):
             for mods_name in t.MODS:
@@ -68,8 +69,8 @@ def softcap_sinks_cases(only):
 
 def recipes_cases(only):
     """(id, inputs, bounds) of tests/gpu/test_recipes_kernel.py's cases (fixed bounds there)."""
-    t = _test_module("test_recipes_kernel")
-    lse_bound = _test_module("test_forward_kernel").lse_bound
+    t = load_gpu_test_module("test_recipes_kernel")
+    lse_bound = load_gpu_test_module("test_forward_kernel").lse_bound
     for recipe, shape in t.CASES:
         case_id = f"{recipe}-{shape}"
         if only and case_id not in only:
@@ -83,7 +84,7 @@ def recipes_cases(only):
 def kernel_matrix_cases(only, limit):
     """(id, inputs, bounds) of tests/gpu/test_kernel_matrix.py's cases (fp32 bounds: the model runs
     in fp32, so the 16-bit cases' output rounding is left out on both sides)."""
-    t = _test_module("test_kernel_matrix")
+    t = load_gpu_test_module("test_kernel_matrix")
     for case in t.CASES[:limit]:
         if only and case.id not in only:
             continue

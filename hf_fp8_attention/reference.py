@@ -53,22 +53,28 @@ def _grouped(x: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     return x.reshape(b, n_kv_heads, hq // n_kv_heads, s, d)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Every matmul of the emulation goes through here (``a (.., M, K) @ b (.., K, N)``): the one
+    place a model of the hardware's accumulation can replace (tests/hopper_accumulator.py)."""
+    return a @ b
+
+
 def _scores(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a (B, Hkv, G, Sq, D) @ b (B, Hkv, Sk, D)ᵀ -> (B, Hkv, G, Sq, Sk)`` without repeating b."""
     bsz, hkv, g, sq, d = a.shape
-    return (a.reshape(bsz, hkv, g * sq, d) @ b.transpose(-1, -2)).reshape(bsz, hkv, g, sq, b.shape[-2])
+    return _matmul(a.reshape(bsz, hkv, g * sq, d), b.transpose(-1, -2)).reshape(bsz, hkv, g, sq, b.shape[-2])
 
 
 def _rows_times(m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``m (B, Hkv, G, Sq, Sk) @ b (B, Hkv, Sk, D) -> (B, Hkv, G, Sq, D)``."""
     bsz, hkv, g, sq, sk = m.shape
-    return (m.reshape(bsz, hkv, g * sq, sk) @ b).reshape(bsz, hkv, g, sq, b.shape[-1])
+    return _matmul(m.reshape(bsz, hkv, g * sq, sk), b).reshape(bsz, hkv, g, sq, b.shape[-1])
 
 
 def _cols_times(m: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """``m (B, Hkv, G, Sq, Sk)ᵀ @ a (B, Hkv, G, Sq, D) -> (B, Hkv, Sk, D)``, summed over the G heads."""
     bsz, hkv, g, sq, sk = m.shape
-    return m.reshape(bsz, hkv, g * sq, sk).transpose(-1, -2) @ a.reshape(bsz, hkv, g * sq, a.shape[-1])
+    return _matmul(m.reshape(bsz, hkv, g * sq, sk).transpose(-1, -2), a.reshape(bsz, hkv, g * sq, a.shape[-1]))
 
 
 def _masked_logits(qs, ks, scale, causal, window, *, shift=None, softcap=None) -> torch.Tensor:
@@ -291,7 +297,7 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
     # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
-    lse_b = _backward_lse(logits, sink) if matched else _grouped(lse[..., None], hkv)[..., 0]
+    lse_b = _backward_lse(logits, sink) if matched else _rows_of(lse, hkv)
     p = _probabilities(logits, lse_b)
     if matched:
         delta = (p * dp).sum(dim=-1)  # over the keys: the sink has no value, dP_sink = 0

@@ -24,7 +24,7 @@ So the model predicts the kernels' differences to within a factor of about 2.
 
 The whole contraction is one accumulator chain here (the worst case: kernels that add key tiles in
 fp32 registers, as the tile recipe's P·V, see less of it). :func:`hopper_accumulation` swaps the
-emulation's three matmul helpers for this model while it is active (not in a bf16 backward).
+emulation's matmul (``reference._matmul``) for this model while it is active (not in a bf16 backward).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import torch
 import hf_fp8_attention.reference as reference
 from hf_fp8_attention.config import BackwardPrecision, FP8AttentionConfig
 from hf_fp8_attention.masking import MaskSpec
+from helpers import rel_err
 
 ACCUMULATOR_BITS = 13  # mantissa bits of the accumulator
 GUARD_BITS = 1  # bits kept below them when a step's addends are aligned (fitted: module docstring)
@@ -77,27 +78,11 @@ def accumulated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _scores(a, b):
-    bsz, hkv, g, sq, d = a.shape
-    return accumulated_matmul(a.reshape(bsz, hkv, g * sq, d), b.transpose(-1, -2)).reshape(bsz, hkv, g, sq, b.shape[-2])
+def _use(matmul) -> None:
+    reference._matmul = matmul
 
 
-def _rows_times(m, b):
-    bsz, hkv, g, sq, sk = m.shape
-    return accumulated_matmul(m.reshape(bsz, hkv, g * sq, sk), b).reshape(bsz, hkv, g, sq, b.shape[-1])
-
-
-def _cols_times(m, a):
-    bsz, hkv, g, sq, sk = m.shape
-    return accumulated_matmul(m.reshape(bsz, hkv, g * sq, sk).transpose(-1, -2), a.reshape(bsz, hkv, g * sq, a.shape[-1]))
-
-
-_EXACT = reference._scores, reference._rows_times, reference._cols_times
-_MODELLED = _scores, _rows_times, _cols_times
-
-
-def _use(helpers) -> None:
-    reference._scores, reference._rows_times, reference._cols_times = helpers
+_EXACT = reference._matmul
 
 
 def _backward_as_configured(backward):
@@ -111,7 +96,7 @@ def _backward_as_configured(backward):
         try:
             return backward(*args, **kwargs)
         finally:
-            _use(_MODELLED)
+            _use(accumulated_matmul)
     return run
 
 
@@ -119,7 +104,7 @@ def _backward_as_configured(backward):
 def hopper_accumulation():
     """While active, the emulation's FP8 matmuls accumulate as Hopper's wgmma (module docstring)."""
     backward = reference._dense_backward
-    _use(_MODELLED)
+    _use(accumulated_matmul)
     reference._dense_backward = _backward_as_configured(backward)
     try:
         yield
@@ -129,8 +114,8 @@ def hopper_accumulation():
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    norm = ref.double().norm()
-    return ((x.double() - ref.double()).norm() / norm).item() if norm > 0 else 0.0
+    """rel_err, 0 where the reference is exactly zero (a query that sees one key: dQ = 0)."""
+    return rel_err(x, ref) if ref.double().norm() > 0 else 0.0
 
 
 def modelled_differences(q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, scale: float,
