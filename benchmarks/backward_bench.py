@@ -1,8 +1,10 @@
 """GPU timing of the Triton FP8 backward against SDPA bf16 (flash and cuDNN), one run, one table.
 
 ``python benchmarks/backward_bench.py [--out DIR] [--seqs 4096,8192,16384]``
-``[--schedules] [--sweep] [--profile]``: first compare the launch schedules (fused / split, see
-``LAUNCH`` in hf_fp8_attention/kernels/backward.py), sweep launch parameters, or profile the kernels at S=8192.
+``[--schedules] [--sweep] [--profile] [--pair MATCHED,STALE] [--set FIELD=VALUE ...] [--no-table]``:
+first compare the launch schedules (fused / split, see ``LAUNCH`` in
+hf_fp8_attention/kernels/backward.py), sweep launch parameters, or profile the kernels at S=8192,
+of the recipe pair ``--pair`` (``--set``: fields overridden on both, for the profile).
 
 Per shape (bf16 inputs, causal, head_dim 128): median times (triton.testing.do_bench) of
 - fp8 fwd (public API, Triton forward), fp8 bwd-only (this module's kernels on a saved forward)
@@ -26,6 +28,7 @@ from triton.testing import do_bench
 from hf_fp8_attention import FP8AttentionConfig, fp8_attention
 from hf_fp8_attention.kernels import backward_fp8, quantize
 from hf_fp8_attention.kernels.backward import LAUNCH, triton_backward
+from hf_fp8_attention.kernels.operands import tile_recipe
 from hf_fp8_attention.masking import MaskSpec
 
 
@@ -128,7 +131,8 @@ def run(seqs, b, h, d, out_dir):
             cfg = FP8AttentionConfig.from_recipe(name)
             out, lse = _forward_for_bwd(q, k, v, scale, mask, cfg)
             o_arg = out if name == "fp8_stale" else None
-            for suffix, prequant in (("", True), ("_inreg", False)):
+            # the in-register FP8 kernels run only the tile recipe (backward._check_limits)
+            for suffix, prequant in (("", True), ("_inreg", False)) if tile_recipe(cfg) else (("", True),):
                 LAUNCH["prequant"] = prequant
                 r[f"{name}_bwd{suffix}_ms"] = _bench(
                     lambda: triton_backward(q, k, v, o_arg, lse, do, scale=scale, mask=mask, config=cfg))
@@ -207,29 +211,30 @@ SCHEDULES = {  # LAUNCH switches of each schedule compared by --schedules
 }
 
 
-def schedules(seqs, b, h, d):
-    """bwd-only time (matched and stale, causal, bf16) of each launch schedule of SCHEDULES, and
-    whether its gradients equal the first schedule's bit for bit."""
+def schedules(seqs, b, h, d, pair=("fp8_delta", "fp8_stale")):
+    """bwd-only time (matched and stale recipe of ``pair``, causal, bf16) of each launch schedule of
+    SCHEDULES, and whether its gradients equal the first schedule's bit for bit."""
     saved = {key: LAUNCH[key] for key in ("split_dq_stats", "split_dkdv")}
     mask = MaskSpec(causal=True)
+    matched, stale = pair
     for s in seqs:
         q, k, v, do = _random_inputs(b, h, s, d, seed=s)
-        fwd = {n: _forward_for_bwd(q, k, v, d**-0.5, mask, FP8AttentionConfig.from_recipe(n)) for n in ("fp8_delta", "fp8_stale")}
+        fwd = {n: _forward_for_bwd(q, k, v, d**-0.5, mask, FP8AttentionConfig.from_recipe(n)) for n in pair}
         first = {}
         for label, switches in SCHEDULES.items():
             LAUNCH.update(switches)
             ms, same = {}, True
             for name, (out, lse) in fwd.items():
                 cfg = FP8AttentionConfig.from_recipe(name)
-                o_arg = out if name == "fp8_stale" else None
+                o_arg = out if name == stale else None
                 fn = lambda: triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)  # noqa: E731
                 grads = fn()
                 ref = first.setdefault(name, grads)
                 same = same and all(torch.equal(a, r) for a, r in zip(grads, ref))
                 ms[name] = _bench(fn, rep=150)
-            print(f"schedules S={s} B={b} H={h} D={d} {label}: matched {ms['fp8_delta']:.3f} ms "
-                  f"({2.5 * _flops_fwd(b, h, s, d) / ms['fp8_delta'] / 1e9:.0f} TFLOP/s), stale {ms['fp8_stale']:.3f} ms, "
-                  f"matched/stale {ms['fp8_delta'] / ms['fp8_stale']:.3f}, gradients equal to the first: {same}", flush=True)
+            print(f"schedules {matched}/{stale} S={s} B={b} H={h} D={d} {label}: matched {ms[matched]:.3f} ms "
+                  f"({2.5 * _flops_fwd(b, h, s, d) / ms[matched] / 1e9:.0f} TFLOP/s), stale {ms[stale]:.3f} ms, "
+                  f"matched/stale {ms[matched] / ms[stale]:.3f}, gradients equal to the first: {same}", flush=True)
         LAUNCH.update(saved)
 
 
@@ -262,16 +267,17 @@ def _timed_launches(kernels, events):
     return undo
 
 
-def profile(s, b, h, d, runs=5):
-    """GPU time of each launch of one matched and one stale backward (CUDA events around each
-    launch, so the passes of one kernel, e.g. its dK and dV launches, are timed apart)."""
+def profile(s, b, h, d, runs=5, pair=("fp8_delta", "fp8_stale"), overrides=None):
+    """GPU time of each launch of one matched and one stale backward (the recipes of ``pair``; CUDA
+    events around each launch, so the passes of one kernel, e.g. its dK and dV launches, are timed
+    apart). ``overrides``: config fields set on both recipes (``--set``)."""
     kernels = [backward_fp8.bwd_dq_fp8_kernel, backward_fp8.bwd_dkdv_fp8_kernel, quantize.quantize_kernel]
     q, k, v, do = _random_inputs(b, h, s, d, seed=2)
     mask = MaskSpec(causal=True)
-    for name in ("fp8_delta", "fp8_stale"):
-        cfg = FP8AttentionConfig.from_recipe(name)
+    for name in pair:
+        cfg = FP8AttentionConfig.from_recipe(name, **(overrides or {}))
         out, lse = _forward_for_bwd(q, k, v, d**-0.5, mask, cfg)
-        o_arg = out if name == "fp8_stale" else None
+        o_arg = out if name == pair[1] else None
         for _ in range(3):  # compile and warm up
             triton_backward(q, k, v, o_arg, lse, do, scale=d**-0.5, mask=mask, config=cfg)
         torch.cuda.synchronize()
@@ -286,7 +292,7 @@ def profile(s, b, h, d, runs=5):
         per_launch = {}
         for label, start, end in events:
             per_launch[label] = per_launch.get(label, 0.0) + start.elapsed_time(end) / runs
-        print(f"profile {name} S={s} B={b} H={h} D={d} (mean of {runs} backward calls, ms per call):")
+        print(f"profile {name}{' ' + str(overrides) if overrides else ''} S={s} B={b} H={h} D={d} (mean of {runs} backward calls, ms per call):")
         for label, ms in per_launch.items():
             print(f"  {label:55s} {ms:8.3f}")
         print(f"  {'total':55s} {sum(per_launch.values()):8.3f}", flush=True)
@@ -302,11 +308,19 @@ if __name__ == "__main__":
     ap.add_argument("--sweep", action="store_true", help="first try launch variants at S=8192, keep the fastest")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel launch (per pass) of the backward at S=8192")
     ap.add_argument("--schedules", action="store_true", help="first compare the launch schedules at --seqs")
+    ap.add_argument("--pair", default="fp8_delta,fp8_stale",
+                    help="the matched and the stale recipe that --schedules and --profile time")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="config fields set on both --pair recipes for --profile (e.g. ds_scales=head)")
+    ap.add_argument("--no-table", action="store_true", help="skip the default timing table")
     a = ap.parse_args()
+    pair = tuple(a.pair.split(","))
+    overrides = dict(item.split("=", 1) for item in a.set)
     if a.schedules:
-        schedules([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim)
+        schedules([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, pair)
     if a.sweep:
         sweep(8192, a.batch, a.heads, a.head_dim)
     if a.profile:
-        profile(8192, a.batch, a.heads, a.head_dim)
-    run([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.out)
+        profile(8192, a.batch, a.heads, a.head_dim, pair=pair, overrides=overrides)
+    if not a.no_table:
+        run([int(x) for x in a.seqs.split(",")], a.batch, a.heads, a.head_dim, a.out)

@@ -104,6 +104,7 @@ class Backend(str, enum.Enum):
 _TILE_SIZES = (16, 32, 64, 128, 256)
 _ROW_GRANULARITIES = (Granularity.TOKEN, Granularity.HEAD)
 _COL_GRANULARITIES = (Granularity.TILE, Granularity.CHANNEL, Granularity.HEAD)
+_DS_GRANULARITIES = (Granularity.TILE, Granularity.HEAD)
 _FIXED_E4M3_ROLES = ("q_format", "k_format", "v_format", "p_format")
 
 
@@ -138,6 +139,11 @@ class FP8AttentionConfig:
     and V in the matmuls contracted over the head dim (QKᵀ, dO·Vᵀ): ``"token"`` or ``"head"``;
     ``channel_scales`` for the operands contracted over tokens (V in PV, dO in Pᵀ dO, K in dS K, Q
     in dSᵀ Q): ``"tile"``, ``"channel"`` or ``"head"``. ``p_scales``: :class:`PScaling`.
+    ``ds_scales`` for dS in dQ = dS K and dK = dSᵀ Q: ``"tile"``, per row within each key tile (dQ)
+    and per column within each query tile (dK); ``"head"``, one scale per (sequence, query head)
+    for both, taken from a bound the statistics pass forms before any dS exists,
+    max_i [max_j P_ij |dP_ij| + |D_i| max_j P_ij] ≥ max |dS| (so no code saturates). With it both
+    matmuls accumulate on the tensor cores without a rescale per tile.
 
     Exact transforms of the QKᵀ operands (QKᵀ's softmax is unchanged, so only the quantization
     error changes): ``smooth_k`` subtracts the keys' channel mean over each (sequence, kv head)
@@ -164,6 +170,7 @@ class FP8AttentionConfig:
     kv_scales: Granularity = Granularity.TOKEN
     channel_scales: Granularity = Granularity.CHANNEL
     p_scales: PScaling = PScaling.TILE
+    ds_scales: Granularity = Granularity.TILE
     smooth_k: bool = True
     hadamard: bool = True
     delta: DeltaMode = DeltaMode.MATCHED
@@ -179,7 +186,7 @@ class FP8AttentionConfig:
         object.__setattr__(self, "backend", _coerce_enum(Backend, self.backend, "backend"))
         object.__setattr__(self, "p_scales", _coerce_enum(PScaling, self.p_scales, "p_scales"))
         for name, allowed in (("qdo_scales", _ROW_GRANULARITIES), ("kv_scales", _ROW_GRANULARITIES),
-                              ("channel_scales", _COL_GRANULARITIES)):
+                              ("channel_scales", _COL_GRANULARITIES), ("ds_scales", _DS_GRANULARITIES)):
             value = _coerce_enum(Granularity, getattr(self, name), name)
             if value not in allowed:
                 choices = ", ".join(repr(g.value) for g in allowed)
@@ -214,10 +221,10 @@ class FP8AttentionConfig:
 # Today's first-release recipe: per-token scales for the head-dim contractions, per-tile channel
 # scales for the token contractions, no transforms. Kept so that every comparison can be rerun.
 _TILE_RECIPE = dict(channel_scales=Granularity.TILE, smooth_k=False, hadamard=False)
-# One scale per (sequence, head) for Q, K, V and dO everywhere, P on the fixed grid: the fewest
-# per-element operations in the kernels.
+# One scale per (sequence, head) for Q, K, V, dO and dS everywhere, P on the fixed grid: the fewest
+# per-element operations in the kernels, and every backward matmul accumulates in place.
 _FAST_RECIPE = dict(qdo_scales=Granularity.HEAD, kv_scales=Granularity.HEAD, channel_scales=Granularity.HEAD,
-                    p_scales=PScaling.FIXED)
+                    p_scales=PScaling.FIXED, ds_scales=Granularity.HEAD)
 
 RECIPES: dict[str, FP8AttentionConfig] = {
     # The product: per-token Q, K, V, dO for QKᵀ / dO·Vᵀ, per-(sequence, head) channel scales,

@@ -24,7 +24,7 @@ import torch
 
 from .config import BackwardPrecision, DeltaMode, FP8AttentionConfig, Granularity, PScaling
 from .masking import MaskSpec, dense_mask
-from .quant import fake_quantize
+from .quant import compute_scales, fake_quantize
 from .transforms import hadamard_block, key_mean, query_key_means, rotate
 
 
@@ -257,6 +257,29 @@ def _backward_p(p: torch.Tensor, config: FP8AttentionConfig) -> torch.Tensor:
     return fake_quantize(p, dim=-2, block=config.block_q, fmt=fmt, pow2=config.pow2_scales)
 
 
+def ds_head_bound(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Per query row, a bound on |dS_ij| = P_ij |dP_ij − D_i| formed from the statistics alone:
+    max_j P_ij |dP_ij| + |D_i| · max_j P_ij, ``(..., Sq)`` of ``p``, ``dp`` ``(..., Sq, Sk)`` and
+    ``delta`` ``(..., Sq)`` (0 on rows with no key; NaN kept). With a soft-cap it bounds dS too: the
+    cap's slope 1 − (s̃/c)² lies in [0, 1]."""
+    if p.shape[-1] == 0:
+        return p.new_zeros(p.shape[:-1])
+    return (p * dp.abs()).amax(dim=-1) + delta.abs() * p.amax(dim=-1)
+
+
+def _fq_ds_head(ds: torch.Tensor, p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor,
+                config: FP8AttentionConfig) -> torch.Tensor:
+    """dS ``(B, Hkv, G, Sq, Sk)`` fake-quantized with one scale per (sequence, query head), the
+    scale of the largest row bound (:func:`ds_head_bound`) over the sequence's rows."""
+    if ds.numel() == 0:
+        return ds
+    amax = ds_head_bound(p, dp, delta).amax(dim=-1, keepdim=True)[..., None]  # (B, Hkv, G, 1, 1)
+    fmt = config.ds_format
+    scale = compute_scales(amax, fmt, config.pow2_scales)
+    # The bound is >= |dS|, so the clamp only guards fp32 rounding of a bound that is tight.
+    return fp8_round((ds / scale).clamp(-fmt.max, fmt.max), fmt) * scale
+
+
 def _bf16(x: torch.Tensor) -> torch.Tensor:
     """The value a bf16 MMA operand holds, in fp32."""
     return x.to(torch.bfloat16).float()
@@ -314,18 +337,17 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
         # B3 dV = Pᵀ dO: contraction over queries -> P per column within each query tile (or the
         # fixed grid), dO by config.channel_scales.
         dv = _cols_times(_backward_p(p, config), _fq_col(dog, config.do_format, bq, config))
-        # B4 dQ = dS K: contraction over keys -> dS per row within each key tile, K (untransformed)
-        # by config.channel_scales.
-        dq = _rows_times(
-            fake_quantize(ds_logits, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2),
-            _fq_col(k, config.k_format, bk, config),
-        )
-        # B5 dK = dSᵀ Q: contraction over queries -> dS per column within each query tile, Q by
-        # config.channel_scales.
-        dk = _cols_times(
-            fake_quantize(ds_logits, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2),
-            _fq_col(qg, config.q_format, bq, config),
-        )
+        # B4 dQ = dS K: contraction over keys -> dS per row within each key tile (or one scale per
+        # head, below), K (untransformed) by config.channel_scales.
+        # B5 dK = dSᵀ Q: contraction over queries -> dS per column within each query tile (or per
+        # head), Q by config.channel_scales.
+        if config.ds_scales is Granularity.HEAD:
+            ds_q = ds_k = _fq_ds_head(ds_logits, p, dp, delta, config)
+        else:
+            ds_q = fake_quantize(ds_logits, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2)
+            ds_k = fake_quantize(ds_logits, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2)
+        dq = _rows_times(ds_q, _fq_col(k, config.k_format, bk, config))
+        dk = _cols_times(ds_k, _fq_col(qg, config.q_format, bq, config))
     else:
         dv = _cols_times(_bf16(p), _bf16(dog))
         dq = _rows_times(_bf16(ds_logits), _bf16(k))

@@ -84,11 +84,16 @@ CASES = {
     "single_query": ((1, 2, 1, 1, 24, 64), {"causal": True}, {}),
     # The recipes' other scale granularities (the default above: per-token rows, sequence channels).
     "fast_recipe_gqa_varlen": ((1, 4, 2, 40, 40, 96), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])},
-                               {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed"}),
+                               {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
+                                "ds_scales": "head"}),
     "fast_recipe_stale": ((1, 2, 1, 20, 24, 64), {"causal": True},
                           {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-                           "delta": "stale"}),
+                           "ds_scales": "head", "delta": "stale"}),
     "tile_recipe": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
+    # dS with one scale per (sequence, head) beside per-tile channel scales (dQ and dK then keep a
+    # product per tile), GQA's per-head rescale; and with a window, the stale delta's bound pass.
+    "ds_head_tile_channels": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "ds_scales": "head"}),
+    "ds_head_window_stale": ((2, 1, 1, 19, 19, 96), {"window": 5}, {"ds_scales": "head", "delta": "stale"}),
     # Head dim 256: dQ, dK and dV in two 128-channel blocks per tile (LAUNCH_D256["channel_block"]),
     # with each recipe's channel scales (per sequence, per tile, per head), the stale delta's fused
     # statistics, GQA's per-head rescale; the hybrid kernels on their own tiles. (Packed, windowed
@@ -97,7 +102,8 @@ CASES = {
     "causal_gqa_d256": ((1, 2, 1, 20, 20, 256), {"causal": True}, {}),
     "stale_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"delta": "stale"}),
     "fast_recipe_d256": ((1, 1, 1, 20, 20, 256), {"causal": True},
-                         {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed"}),
+                         {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
+                                "ds_scales": "head"}),
     "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True},
                          {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
     "hybrid_matched_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}),
@@ -298,6 +304,28 @@ def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
     for loop in TILE_LOOPS:
         assert counts[loop, False] > 0 and counts[loop, True] > 0, dict(counts)
+    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert torch.isfinite(x).all(), label
+        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+
+
+FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
+               "ds_scales": "head"}
+# (BLOCK_Q, BLOCK_K) per launch, none equal to the recipe's 16-token blocks, the two sides differing.
+BLOCK_FREE_TILES = {"dq_stats": (32, 16), "dq": (16, 32), "dk": (32, 16), "dv": (16, 32), "dkdv": (32, 32)}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("name", ["fast_recipe_gqa_varlen", "fast_recipe_stale", "window_noncausal_d96_batch2"])
+def test_block_free_recipe_tiles_freely(name, fused, monkeypatch):
+    """A backward no block binds (channel scales per head, fixed-grid P, dS per head) gives the
+    emulation's gradients on tiles of any size (LAUNCH["block_free"]), dK/dV split or fused."""
+    shape, mask_kw, cfg_kw = CASES[name]
+    config = FP8AttentionConfig(**TILES, **{**cfg_kw, **FAST_RECIPE})
+    assert kernels.backward_block_free(config)
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
+    monkeypatch.setitem(kernels.LAUNCH, "block_free", {**BLOCK_FREE_TILES, "split_dkdv": not fused})
+    (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config)
     for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert torch.isfinite(x).all(), label
         assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))

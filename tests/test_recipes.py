@@ -73,7 +73,7 @@ TRANSFORMS = {
     "hadamard": dict(smooth_k=False, hadamard=True),
     "both": dict(smooth_k=True, hadamard=True),
     "both_fast": dict(smooth_k=True, hadamard=True, qdo_scales="head", kv_scales="head", channel_scales="head",
-                      p_scales="fixed"),
+                      p_scales="fixed", ds_scales="head"),
 }
 
 
@@ -133,7 +133,43 @@ def test_recipe_fields_are_validated():
         FP8AttentionConfig(p_scales="row")
     with pytest.raises(ValueError, match="hadamard"):
         FP8AttentionConfig(hadamard=1)
+    with pytest.raises(ValueError, match="ds_scales"):
+        FP8AttentionConfig(ds_scales="channel")
     fast = RECIPES["fp8_delta_fast"]
-    assert (fast.qdo_scales, fast.kv_scales, fast.channel_scales, fast.p_scales) == (
-        Granularity.HEAD, Granularity.HEAD, Granularity.HEAD, PScaling.FIXED)
+    assert (fast.qdo_scales, fast.kv_scales, fast.channel_scales, fast.p_scales, fast.ds_scales) == (
+        Granularity.HEAD, Granularity.HEAD, Granularity.HEAD, PScaling.FIXED, Granularity.HEAD)
     assert FP8AttentionConfig() == RECIPES["fp8_delta"]
+
+
+@pytest.mark.parametrize("delta", ["matched", "stale"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_ds_head_bound_holds_and_saturates_nothing(delta, softcap):
+    """ds_scales="head": the bound the statistics form is ≥ every |dS| of its row up to fp32 rounding
+    (it is attained where one key's P·|dP| and P·|D| add: 2^-20 covers a few roundings), so the one
+    scale per (sequence, head) saturates no code beyond that, and dS so quantized is as close to the
+    fp32 dS as E4M3 allows, relative to the head's largest element (half an ulp of 448's binade over
+    448: 2^-4)."""
+    q, k, v, dout = make_qkv(hq=4, hkv=2, sq=150, dtype=torch.float32, seed=7, outliers=True)
+    config = RECIPES["fp8_delta_fast"].replace(delta=delta, backend="emulation")
+    mask = MaskSpec(causal=True)
+    out, lse = reference.emulated_forward(q, k, v, scale=0.125, mask=mask, config=config, softcap=softcap)
+    _, (internals,) = reference.emulated_backward(q, k, v, out, lse, dout, scale=0.125, mask=mask, config=config,
+                                                  softcap=softcap, return_internals=True)
+    p, dp, delta_, ds = internals.p, internals.dp, internals.delta, internals.ds
+    bound = reference.ds_head_bound(p, dp, delta_)
+    assert (bound * (1 + 2.0**-20) >= ds.abs().amax(dim=-1)).all()
+    head_max = bound.amax(dim=-1)[..., None, None]
+    quantized = reference._fq_ds_head(ds, p, dp, delta_, config)
+    assert ((quantized - ds).abs() <= 2.0**-4 * head_max).all()
+    assert (quantized.abs() <= head_max * (1 + 2.0**-20)).all()
+
+
+def test_ds_head_scales_keep_nan():
+    """A NaN in dO makes its head's dS bound NaN, so every gradient that head touches is NaN."""
+    q, k, v, dout = make_qkv(hq=2, hkv=1, sq=40, dtype=torch.float32, seed=3)
+    dout[0, 1, 5, 3] = float("nan")
+    config = RECIPES["fp8_delta_fast"].replace(backend="emulation")
+    out, lse = reference.emulated_forward(q, k, v, scale=0.125, mask=MaskSpec(causal=True), config=config)
+    dq, dk, dv = reference.emulated_backward(q, k, v, out, lse, dout, scale=0.125, mask=MaskSpec(causal=True),
+                                             config=config)
+    assert dq[0, 1].isnan().all() and torch.isfinite(dq[0, 0]).all()

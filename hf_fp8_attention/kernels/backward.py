@@ -34,6 +34,11 @@ front, and by default gives each kernel's two jobs a launch of their own (LSE'/D
 dV: see ``LAUNCH``). It forms the same dS with one operation per element fewer: dO's row scale is
 folded into LSE' and D there (see that module's docstring).
 
+With ``ds_scales="head"`` (the fast recipes) dS takes one scale per (sequence, query head) in both
+dQ and dK, from a bound the statistics launch forms and folds per head (the stale delta then runs
+that launch too); a recipe whose backward no block binds (``operands.backward_block_free``) takes
+its tiles from ``LAUNCH["block_free"]`` instead of the recipe's blocks.
+
 Logit soft-capping and attention sinks (:mod:`.logit_mods`) run in both paths: the cap (and
 K-smoothing's row constant, added back where the FP8 operands are smoothed) wherever S is formed,
 the tanh's slope on dS, the sink in the statistics pass's normaliser; the sinks' gradient is
@@ -53,7 +58,7 @@ from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
 from .logit_mods import NO_MODS, LogitMods, logit_mods, sink_entries, sink_grad
-from .operands import copies_for, logit_factor, stats_for, tile_recipe
+from .operands import backward_block_free, copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
 
@@ -74,6 +79,13 @@ logger = logging.getLogger(__name__)
 # side), so it can be smaller than the recipe's blocks to save registers. None: the block.
 # ``inreg``: the in-register kernels (hybrid bf16 backward, or FP8 with prequant off); their bf16
 # tiles leave no shared memory for multi-stage pipelining.
+# ``block_free``: (query tile, key tile) per launch for recipes whose backward scales no block binds
+# (:func:`.operands.backward_block_free`: sequence-wide channel scales, P on the fixed grid, dS per
+# head), where both sides of every tile are free (None: the free_tile/block rule above), and their
+# own dK/dV split. Chosen by benchmarks/backward_tiles.py on the H200 (fp8_delta_fast, S = 8192,
+# causal, d = 128: 4.88 -> 4.55 ms, benchmarks/NOTES.md "Backward"): with every accumulator
+# in place, dK and dV in one launch of 64 keys x 32 queries beat the split pair, which they do not
+# for the block-bound recipes.
 LAUNCH = {
     "prequant": True,
     "split_dq_stats": True,
@@ -84,6 +96,8 @@ LAUNCH = {
     "dv": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 3},
     "free_tile": {"dq": 64, "dq_stats": 64, "dkdv": 64, "dk": 64, "dv": 64},
+    "block_free": {"dq_stats": (64, 64), "dq": (64, 64), "dkdv": (32, 64), "dk": (64, 64), "dv": (128, 64),
+                   "split_dkdv": False},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
@@ -286,36 +300,55 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     matched = config.delta is DeltaMode.MATCHED
     shift2, sinks2, softcap2 = mods.args(lse)
     mod_meta = mods.meta()
-    split_stats = matched and LAUNCH["split_dq_stats"]
+    # ds_scales "head": the statistics launch folds each row's dS bound into one value per (sequence,
+    # query head) (an atomic max of fp32 bits, see bwd_dq_fp8_kernel) before any launch reads it,
+    # so the statistics always have a launch of their own, for the stale delta too.
+    ds_head = config.ds_scales is Granularity.HEAD
+    ds_bound = torch.zeros(n_seq * hq, dtype=torch.int32, device=q.device) if ds_head else lse2
+    split_stats = (matched and LAUNCH["split_dq_stats"]) or ds_head
     dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
+    free = backward_block_free(config)
     for stats, grads, launch in dq_passes:
-        bm = table["free_tile"][launch] or bq
+        tq, tk = _tiles(table, launch, free, config, query_side=True)
         bdo = _channel_block(table, launch, dp)
-        _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, bm), n_seq * hq, dp // bdo), launch, dp, (
+        _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, tq), n_seq * hq, dp // bdo), launch, dp, (
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
-            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2,
+            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2, ds_bound,
             *dout.stride(), *o.stride(), *lse.stride(),
             hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), softcap2), dict(
-            MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=bm, BLOCK_K=bk, STATS=stats, GRADS=grads,
-            ALIGNED=not varlen and sq_total % bm == 0 and sk_total % bk == 0, **recipe, **mod_meta, BLOCK_DO=bdo,
-            **_prequant_launch(launch, bq, bk, dp), **COMPILE_OPTIONS,
+            MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=tq, BLOCK_K=tk, STATS=stats, GRADS=grads,
+            ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta, DS_HEAD=ds_head,
+            BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
         ))
     del mod_meta["SINK"]  # in LSE' and LSE'^do already
-    passes = ((True, False, "dk"), (False, True, "dv")) if LAUNCH["split_dkdv"] else ((True, True, "dkdv"),)
+    split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
+    passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
-        bn = table["free_tile"][launch] or bk
+        tq, tk = _tiles(table, launch, free, config, query_side=False)
         bdo = _channel_block(table, launch, dp)
-        _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, bn), n_seq * hkv, dp // bdo), launch, dp, (
+        _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, tk), n_seq * hkv, dp // bdo), launch, dp, (
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
-            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2,
+            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2, ds_bound,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), softcap2), dict(
-            **common, BLOCK_Q=bq, BLOCK_K=bn, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
-            ALIGNED=not varlen and sq_total % bq == 0 and sk_total % bn == 0, **recipe, **mod_meta,
-            P_FIXED=config.p_scales is PScaling.FIXED, BLOCK_DO=bdo, **_prequant_launch(launch, bq, bk, dp),
+            **common, BLOCK_Q=tq, BLOCK_K=tk, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+            ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta,
+            P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
             **COMPILE_OPTIONS,
         ))
+
+
+def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, *, query_side: bool) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_K) of ``launch``: the table's ``block_free`` pair where the recipe's backward
+    is block-free and the table names one; else the free tile on the launch's own side (query rows
+    of the dQ launches, key rows of the dK/dV ones) and the recipe's block on the other."""
+    pair = table.get("block_free", {}).get(launch) if free else None
+    if pair is not None:
+        return pair
+    if query_side:
+        return table["free_tile"][launch] or config.block_q, config.block_k
+    return config.block_q, table["free_tile"][launch] or config.block_k
 
 
 def _run_prequant(kernel, grid, launch: str, dp: int, args: tuple, kwargs: dict) -> None:

@@ -13,6 +13,10 @@ codes and scales bit-identical to the emulation):
 scale per (sequence, head), and channel scales per channel of the sequence or per head: see
 :mod:`.operands`, and the KV_HEAD / COL_SEQ / P_FIXED options of the kernels below)
 
+DS_HEAD (``ds_scales="head"``): dS is cast with one scale per (sequence, query head), from the
+statistics launch's per-row bound (:func:`ds_row_bound`) folded per head (:func:`ds_head_scale`), so
+the dQ and dK products accumulate in the MMA instead of being scaled per tile.
+
 The transposed channel-wise copies ``(B, H, DP, S_pad)`` make every matmul that contracts over
 tokens read a K-major operand (Hopper's FP8 MMA wants both operands K-major). Only P and dS are
 quantized inside the kernels, from fp32 registers; their codes use ``x · (1/scale)`` with the
@@ -144,10 +148,11 @@ def _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok, off
 
 
 @triton.jit
-def fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
+def fold_matched_stats(m_i, l_i, u_i, w_i, s, dp, vis, MASKED: tl.constexpr, BOUND: tl.constexpr):
     """Fold one key tile into a query tile's matched statistics, all (BLOCK_Q,): running max m of S,
-    l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij. ``s`` and ``dp`` (BLOCK_Q, BLOCK_K): logits in
-    log2 units, -inf where not visible, and dP; MASKED: only the pairs in ``vis`` add to u.
+    l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP_ij, and with BOUND w = max_j 2^(S_ij − m) |dP_ij|
+    (NaN kept; for dS's bound, :func:`ds_row_bound`). ``s`` and ``dp`` (BLOCK_Q, BLOCK_K): logits in
+    log2 units, -inf where not visible, and dP; MASKED: only the pairs in ``vis`` add to u and w.
     Shared by this module's kernel and the in-register one (backward_inreg.py)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # Rows with no visible key so far keep every exponent finite. Kept on interior tiles too (one
@@ -162,20 +167,42 @@ def fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED: tl.constexpr):
     if MASKED:
         edp = tl.where(vis, edp, 0.0)
     u_i = u_i * alpha + tl.sum(edp, 1)
-    return m_new, l_i, u_i
+    if BOUND:
+        w_i = tl.maximum(w_i * alpha, abs_max(edp, 1), propagate_nan=tl.PropagateNan.ALL)
+    return m_new, l_i, u_i, w_i
+
+
+@triton.jit
+def ds_row_bound(m_i, l_i, w_i, lse2do, delta_do):
+    """Per query row (BLOCK_Q,), the bound max_j P_ij |dP_ij| + |D_i| max_j P_ij ≥ max_j |dS_ij| from
+    the statistics (:func:`fold_matched_stats`; the reference's ``ds_head_bound``): P'_ij = 2^(S_ij −
+    LSE'^do) = 2^(S_ij − m) · 2^(m − LSE'^do), so max_j P'|dP'| = w · 2^(m − LSE'^do) and max_j P' =
+    2^(m − LSE'^do) (dO's row scale cancels in both terms). 0 on rows with no visible key."""
+    empty = l_i == 0.0  # (LSE'^do is -inf there: the exponent is zeroed, not inf times 0)
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    bound = (w_i + tl.abs(delta_do)) * tl.math.exp2(tl.where(empty, 0.0, m_safe - lse2do))
+    return tl.where(empty, 0.0, bound)
+
+
+@triton.jit
+def ds_head_scale(DS_BOUND, seq, h, H, DS_MAX: tl.constexpr, POW2: tl.constexpr):
+    """dS's scale and its reciprocal for query head ``h`` of sequence ``seq`` (ds_scales "head"),
+    from the largest row bound the statistics launch left in ``DS_BOUND`` (int32 bits of fp32)."""
+    scale = scale_from_amax(tl.load(DS_BOUND + seq * H + h).to(tl.float32, bitcast=True), DS_MAX, POW2)
+    return scale, tl.math.div_rn(1.0, scale)
 
 
 @triton.jit
 def _dq_stats_tiles(
-    m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
+    m_i, l_i, u_i, w_i, q8, do8, sq, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window, shift, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KV_HEAD: tl.constexpr, INTERPRET: tl.constexpr,
-    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, BOUND: tl.constexpr,
 ):
     """Fold key tiles t_lo <= t < t_hi into the matched statistics of one query tile, all (BLOCK_Q,):
-    running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'). Masks
-    only if MASKED."""
+    running max m of S, l = Σ_j 2^(S_ij − m), u = Σ_j 2^(S_ij − m) dP'_ij (so u / l = D'), and with
+    BOUND w = max_j 2^(S_ij − m) |dP'_ij|. Masks only if MASKED."""
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     for t in range(t_lo, t_hi):
@@ -188,21 +215,22 @@ def _dq_stats_tiles(
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-        m_i, l_i, u_i = fold_matched_stats(m_i, l_i, u_i, s, dp, vis, MASKED)
-    return m_i, l_i, u_i
+        m_i, l_i, u_i, w_i = fold_matched_stats(m_i, l_i, u_i, w_i, s, dp, vis, MASKED, BOUND)
+    return m_i, l_i, u_i, w_i
 
 
 @triton.jit
 def _dq_tiles(
-    dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+    dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, shift, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
-    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
-    """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_DO) (before the factor τ)
+    """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_DO) (before the factor τ
+    and, with DS_HEAD, before dS's scale: ``ds_inv`` is its reciprocal, one per (sequence, head))
     and, with DEBUG, to its row sums Σ_j dS_ij and Σ_j P_ij |dP_ij| (BLOCK_Q,). Masks only if MASKED.
     ``lse2do`` / ``delta_do``: LSE'^do and D' (BLOCK_Q,), see the module docstring. ``kcs_base``
     points at the sequence's first key tile of K's channel-wise scales. COL_SEQ: those scales are the
@@ -231,14 +259,24 @@ def _dq_tiles(
             pabs_sum += tl.sum(p * dp_abs, 1)
         if SOFTCAP:
             ds = ds * cap_slope(s, cap)  # dS̃ -> dS (S is finite here: the mask is on P)
-        # B4: dS per row within this key tile; K per channel within this key tile (pre-quantized).
-        ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+        # B4: dS per row within this key tile, or per head; K per channel within this key tile
+        # or per sequence (pre-quantized). With neither scale varying along the loop, the MMA
+        # accumulates dQ in place.
         kct = _cols_t(kct_base, keys, col_ok, offs_o, SK_PAD, MASKED)
-        if COL_SEQ:
-            dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None]
+        if DS_HEAD:
+            ds8 = cast_saturating(ds * ds_inv, DS_MAX, DS_DTYPE, INTERPRET)
+            if COL_SEQ:
+                dq = tl.dot(ds8, tl.trans(kct), dq, out_dtype=tl.float32)
+            else:
+                skc = tl.load(kcs_base + t * BLOCK_D + offs_o)
+                dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * skc[None, :]
         else:
-            skc = tl.load(kcs_base + t * BLOCK_D + offs_o)
-            dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
+            ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+            if COL_SEQ:
+                dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None]
+            else:
+                skc = tl.load(kcs_base + t * BLOCK_D + offs_o)
+                dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None] * skc[None, :]
     return dq, ds_sum, pabs_sum
 
 
@@ -246,7 +284,7 @@ def _dq_tiles(
 def bwd_dq_fp8_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
     DO, O, LSE, DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS,
-    CU_Q, CU_K, TOFF_K, SHIFT, SINKS,
+    CU_Q, CU_K, TOFF_K, SHIFT, SINKS, DS_BOUND,
     sdob, sdoh, sdos, sdod, sob, soh, sos, sod, slb, slh, sls,
     H, G, SQ_TOTAL, SK_TOTAL, SK_PAD, NT_K, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -254,7 +292,7 @@ def bwd_dq_fp8_kernel(
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SINK: tl.constexpr,
+    SINK: tl.constexpr, DS_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head
@@ -275,7 +313,13 @@ def bwd_dq_fp8_kernel(
     only for a window (it is empty otherwise): its prologue would run in every program.
 
     SOFTCAP / ROW_SHIFT / SINK: the logit modifiers (module docstring): ``softcap`` c₂, ``SHIFT``
-    (B·Hq, Sq) the row constants, ``SINKS`` (Hq,) σ₂, all log2 units."""
+    (B·Hq, Sq) the row constants, ``SINKS`` (Hq,) σ₂, all log2 units.
+
+    DS_HEAD (ds_scales "head"): the statistics launch (STATS without GRADS; matched or stale: the
+    stale delta then runs the statistics loop for the bound alone) folds each row's dS bound
+    (:func:`ds_row_bound`) into ``DS_BOUND`` (n_seq·H,) int32 by an atomic max of its fp32 bits
+    (non-negative, NaN as 0x7FFFFFFF: order-independent, so deterministic); the GRADS launch
+    quantizes dS with that one scale per (sequence, head) and accumulates dQ in place."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -325,44 +369,50 @@ def bwd_dq_fp8_kernel(
     shift = 0.0  # read only with ROW_SHIFT
     if ROW_SHIFT:
         shift = tl.load(SHIFT + stat_off, mask=row_ok, other=0.0)
-    if MATCHED and not STATS:
+    if (MATCHED or DS_HEAD) and not STATS:  # a statistics launch ran first
         lse2do = tl.load(LSE2DO + stat_off, mask=row_ok, other=float("-inf"))
         delta_do = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
-    elif MATCHED:
-        m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_Q], tl.float32)
-        u_i = tl.zeros([BLOCK_Q], tl.float32)
-        if SINK:  # the sink's term 2^(σ₂ − m) = 1 starts the normaliser; it adds nothing to u (dP = 0)
-            m_i = tl.zeros([BLOCK_Q], tl.float32) + tl.load(SINKS + h)
-            l_i = l_i + 1.0
-        if HAS_WINDOW:
-            m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
-                                            shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K,
-                                            BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
-        m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                        kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
-                                        shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, BLOCK_K,
-                                        BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
-        if CAUSAL or HAS_WINDOW or not ALIGNED:
-            m_i, l_i, u_i = _dq_stats_tiles(m_i, l_i, u_i, q8, do8, sq, row_ok, pos_q,
-                                            kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
-                                            shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K,
-                                            BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
-        empty = l_i == 0.0
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
-        lse2do = lse2 - tl.math.log2(sdo)
     else:
-        lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
-                       mask=row_ok, other=float("-inf")) * LOG2E_C
-        dmask = row_ok[:, None] & d_ok[None, :]
-        do_ptr = DO + batch.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + rows[:, None].to(tl.int64) * sdos + offs_d[None, :] * sdod
-        o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
-        delta = tl.sum(tl.load(do_ptr, mask=dmask, other=0.0).to(tl.float32)
-                       * tl.load(o_ptr, mask=dmask, other=0.0).to(tl.float32), 1)
-        delta_do = tl.math.div_rn(delta, sdo)
+        if MATCHED or DS_HEAD:
+            m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_Q], tl.float32)
+            u_i = tl.zeros([BLOCK_Q], tl.float32)
+            w_i = tl.zeros([BLOCK_Q], tl.float32)
+            if SINK:  # the sink's term 2^(σ₂ − m) = 1 starts the normaliser; it adds nothing to u (dP = 0)
+                m_i = tl.zeros([BLOCK_Q], tl.float32) + tl.load(SINKS + h)
+                l_i = l_i + 1.0
+            if HAS_WINDOW:
+                m_i, l_i, u_i, w_i = _dq_stats_tiles(m_i, l_i, u_i, w_i, q8, do8, sq, row_ok, pos_q,
+                                                     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                                     shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                                     BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP, DS_HEAD)
+            m_i, l_i, u_i, w_i = _dq_stats_tiles(m_i, l_i, u_i, w_i, q8, do8, sq, row_ok, pos_q,
+                                                 kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                                 shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                                 BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP, DS_HEAD)
+            if CAUSAL or HAS_WINDOW or not ALIGNED:
+                m_i, l_i, u_i, w_i = _dq_stats_tiles(m_i, l_i, u_i, w_i, q8, do8, sq, row_ok, pos_q,
+                                                     kr_base, vr_base, krs_base, vrs_base, k_start, k_len, window,
+                                                     shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, BLOCK_K,
+                                                     BLOCK_D, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP, DS_HEAD)
+        if MATCHED:
+            empty = l_i == 0.0
+            lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+            delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # u sums P dP': D' directly
+        else:
+            lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
+                           mask=row_ok, other=float("-inf")) * LOG2E_C
+            dmask = row_ok[:, None] & d_ok[None, :]
+            do_ptr = DO + batch.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + rows[:, None].to(tl.int64) * sdos + offs_d[None, :] * sdod
+            o_ptr = O + batch.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + offs_d[None, :] * sod
+            delta = tl.sum(tl.load(do_ptr, mask=dmask, other=0.0).to(tl.float32)
+                           * tl.load(o_ptr, mask=dmask, other=0.0).to(tl.float32), 1)
+            delta_do = tl.math.div_rn(delta, sdo)
         lse2do = lse2 - tl.math.log2(sdo)
+        if DS_HEAD:
+            bound = ds_row_bound(m_i, l_i, w_i, lse2do, delta_do)
+            bits = tl.where(bound != bound, 0x7FFFFFFF, bound.to(tl.int32, bitcast=True))  # NaN as the largest
+            tl.atomic_max(DS_BOUND + seq * H + h, tl.max(tl.where(stat_ok, bits, 0), 0))
     if STATS:
         tl.store(LSE2 + stat_off, lse2, mask=stat_ok)
         tl.store(LSE2DO + stat_off, lse2do, mask=stat_ok)
@@ -370,26 +420,32 @@ def bwd_dq_fp8_kernel(
     if not GRADS:
         return
 
+    ds_scale = 1.0  # DS_HEAD: dS's one scale (and ds_inv its reciprocal) for this (sequence, head)
+    ds_inv = 1.0
+    if DS_HEAD:
+        ds_scale, ds_inv = ds_head_scale(DS_BOUND, seq, h, H, DS_MAX, POW2)
     dq = tl.zeros([BLOCK_Q, BLOCK_DO], tl.float32)
     ds_sum = tl.zeros([BLOCK_Q], tl.float32)  # DEBUG row sums (unused, and compiled away, otherwise)
     pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
     if HAS_WINDOW:
-        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP, BLOCK_DO)
-    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+    dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                     ROW_SHIFT, SOFTCAP, BLOCK_DO)
+                                     ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
-        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, row_ok, pos_q,
+        dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP, BLOCK_DO)
+                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+    if DS_HEAD:
+        dq = dq * ds_scale
     if COL_SEQ:
         dq = dq * tl.load(kcs_base + offs_o)[None, :]
     dq = dq * tau
@@ -402,14 +458,14 @@ def bwd_dq_fp8_kernel(
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k8, v8, sk, sv, col_ok, offs_n,
+    dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n,
     qr_base, dor_base, qrs_base, lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
     q_start, q_len, shift, window, SQ_PAD, rshift_base, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
@@ -424,7 +480,10 @@ def _dkdv_tiles(
     D' (see the dQ kernel). COL_SEQ: Q's and dO's channel scales are the sequence's; the caller
     applies them per query head. P_FIXED: dV's P is cast as fp8(448 · P), its 1/448 applied by the
     caller. ``shift`` is the queries' position offset k_len − q_len; ROW_SHIFT / SOFTCAP: Sᵀ with the
-    row constants at ``rshift_base`` (the query head's) added back and capped at ``cap``."""
+    row constants at ``rshift_base`` (the query head's) added back and capped at ``cap``.
+    DS_HEAD: dS is cast with ``ds_inv``, the reciprocal of the query head's one scale ``ds_scale``;
+    with COL_SEQ the caller applies that scale (dK and dV then accumulate in the MMA, no rescale per
+    tile), else it joins each tile's channel scales."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
@@ -470,24 +529,38 @@ def _dkdv_tiles(
             doct = _cols_t(doct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             # B3: P per column of the query tile (= per row of Pᵀ) or on the fixed grid; dO per
             # channel within the tile, or the sequence's channel scales (applied by the caller).
-            if P_FIXED:
-                pv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct), out_dtype=tl.float32)
+            if P_FIXED and COL_SEQ:
+                dv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct), dv,
+                            out_dtype=tl.float32)
             else:
-                p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
-                pv = tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None]
-            if COL_SEQ:
-                dv += pv
-            else:
-                dv += pv * tl.load(docs_base + t * BLOCK_D + offs_o)[None, :]
+                if P_FIXED:
+                    pv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct),
+                                out_dtype=tl.float32)
+                else:
+                    p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
+                    pv = tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None]
+                if COL_SEQ:
+                    dv += pv
+                else:
+                    dv += pv * tl.load(docs_base + t * BLOCK_D + offs_o)[None, :]
         if COMPUTE_DK:
-            # B5: dS per column of the query tile, Q per channel within the tile.
-            ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+            # B5: dS per column of the query tile or per head, Q per channel within the tile or per
+            # sequence.
             qct = _cols_t(qct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
-            if COL_SEQ:
-                dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None]
+            if DS_HEAD:
+                ds8 = cast_saturating(dst * ds_inv, DS_MAX, DS_DTYPE, INTERPRET)
+                if COL_SEQ:
+                    dk = tl.dot(ds8, tl.trans(qct), dk, out_dtype=tl.float32)
+                else:
+                    sqc = tl.load(qcs_base + t * BLOCK_D + offs_o) * ds_scale
+                    dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sqc[None, :]
             else:
-                sqc = tl.load(qcs_base + t * BLOCK_D + offs_o)
-                dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
+                ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+                if COL_SEQ:
+                    dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None]
+                else:
+                    sqc = tl.load(qcs_base + t * BLOCK_D + offs_o)
+                    dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None] * sqc[None, :]
     return dk, dv
 
 
@@ -495,14 +568,14 @@ def _dkdv_tiles(
 def bwd_dkdv_fp8_kernel(
     QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DOCT, DOCS,
     LSE2, LSE2DO, DELTA, DK, DV,
-    CU_Q, CU_K, TOFF_Q, SHIFT,
+    CU_Q, CU_K, TOFF_Q, SHIFT, DS_BOUND,
     H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau, softcap,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, VARLEN: tl.constexpr, POW2: tl.constexpr,
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, SOFTCAP: tl.constexpr,
-    ROW_SHIFT: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
@@ -517,6 +590,10 @@ def bwd_dkdv_fp8_kernel(
     so its products accumulate unscaled: before head g the accumulator is multiplied by
     c_{g-1} / c_g (1 for g = 0), and by the last head's c once at the end, which gives
     Σ_g c_g · (head g's products) with one rescale per head instead of one per tile.
+
+    DS_HEAD: dS takes each query head's one scale (``DS_BOUND``, see the dQ kernel), which joins
+    that head's rescale of dK (COL_SEQ: c_g is then Q's channel scales times dS's scale) or, with
+    per-tile channel scales, each tile's channel scales.
 
     SOFTCAP / ROW_SHIFT: as in the dQ kernel (``SHIFT`` (B·Hq, Sq), ``softcap`` c₂); the sinks are
     in LSE' and LSE'^do already."""
@@ -573,9 +650,13 @@ def bwd_dkdv_fp8_kernel(
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
+        ds_inv = 1.0  # DS_HEAD: the reciprocal of head g's dS scale
+        ds_scale = 1.0
+        if DS_HEAD and COMPUTE_DK:
+            ds_scale, ds_inv = ds_head_scale(DS_BOUND, seq, hk * G + g, H, DS_MAX, POW2)
         if COL_SEQ:
             if COMPUTE_DK:
-                c_new = tl.load(qcs_base + offs_o)
+                c_new = tl.load(qcs_base + offs_o) * ds_scale
                 dk = dk * tl.math.div_rn(c_q, c_new)[None, :]
                 c_q = c_new
             if COMPUTE_DV:
@@ -583,22 +664,22 @@ def bwd_dkdv_fp8_kernel(
                 dv = dv * tl.math.div_rn(c_do, c_new)[None, :]
                 c_do = c_new
         if CAUSAL or HAS_WINDOW:
-            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, t_lo, f_lo, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                              lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_lo, f_hi, False,
                              CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
+                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
         if HAS_WINDOW or not ALIGNED:
-            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, col_ok, offs_n, qr_base, dor_base, qrs_base,
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
                                  lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_hi, t_hi, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, BLOCK_DO)
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
     st_mask = col_ok[:, None] & o_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
     if COL_SEQ:

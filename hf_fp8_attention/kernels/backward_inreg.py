@@ -176,7 +176,7 @@ def bwd_dq_inreg_kernel(
             s, dp = _scores(q_op, sq, k_op, sk, do_op, sdo, v_op, sv, softcap, INTERPRET, SOFTCAP)
             vis = _visible(pos_q, row_ok, offs_n, k_len, window, CAUSAL, HAS_WINDOW)
             s = tl.where(vis, s, float("-inf"))
-            m_i, l_i, u_i = fold_matched_stats(m_i, l_i, u_i, s, dp, vis, True)
+            m_i, l_i, u_i, _ = fold_matched_stats(m_i, l_i, u_i, l_i, s, dp, vis, True, False)
         empty = l_i == 0.0
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
         delta = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))

@@ -61,8 +61,16 @@ def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:
     return 1.0 / hadamard_block(head_dim) if config.hadamard else 1.0
 
 
+def backward_block_free(config: FP8AttentionConfig) -> bool:
+    """True when no backward scale is shared over a block of tokens (channel scales per sequence or
+    head, P on the fixed grid, dS per head; per-token row scales are per token): the backward's
+    numerics then do not depend on ``block_q`` / ``block_k``, so the kernels may tile freely."""
+    return (config.channel_scales is not Granularity.TILE and config.p_scales is PScaling.FIXED
+            and config.ds_scales is Granularity.HEAD)
+
+
 def tile_recipe(config: FP8AttentionConfig) -> bool:
     """True for the first release's recipe: per-token and per-tile scales, no transforms."""
     return (config.qdo_scales is Granularity.TOKEN and config.kv_scales is Granularity.TOKEN
             and config.channel_scales is Granularity.TILE and config.p_scales is PScaling.TILE
-            and not config.smooth_k and not config.hadamard)
+            and config.ds_scales is Granularity.TILE and not config.smooth_k and not config.hadamard)

@@ -1,0 +1,87 @@
+"""Python time of the kernel launch path, on any machine: every Triton launch stubbed out.
+
+Runs ``fp8_attention`` forward + backward through the Triton launchers on CPU tensors, with
+Triton's interpreter selected (so the launchers accept CPU tensors) and each kernel's ``run``
+replaced by a stub that only records the kernel's name. What is timed is then the package's own
+Python (argument checks, planning, tensor allocation, custom-op and autograd dispatch) plus the
+CPU cost of the autograd engine's gradient handling at this shape, not the kernels and not Triton's
+argument binding (tens of microseconds per launch on a GPU machine, ``benchmarks/NOTES.md``,
+"Host time"). Prints the launches of one fwd+bwd in order and the median wall time per call, and
+with ``--profile`` the top of a cProfile of the package's functions.
+
+    python benchmarks/host_python.py --recipes fp8_delta,fp8_delta_fast,fp8_delta_tile [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launchers then take CPU tensors
+
+import torch  # noqa: E402
+import triton.runtime.interpreter as interpreter  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_fp8_attention import RECIPES, fp8_attention, ops  # noqa: E402
+from hf_fp8_attention.config import Backend  # noqa: E402
+
+LAUNCHES: list[str] = []
+
+
+def _stub_run(self, *args, grid=None, **kwargs):
+    LAUNCHES.append(self.fn.__name__ if hasattr(self, "fn") else type(self).__name__)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipes", default="fp8_delta,fp8_delta_fast,fp8_delta_tile")
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args(argv)
+    interpreter.InterpretedFunction.run = _stub_run
+    ops.select_backend = lambda device, config: Backend.TRITON  # CPU tensors through the kernel launchers
+    shape = (1, a.heads, a.seq, a.head_dim)
+    q, k, v = (torch.randn(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(shape, dtype=torch.bfloat16)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; q, k, v {tuple(shape)} bf16, causal; launches stubbed")
+    for name in a.recipes.split(","):
+        config = RECIPES[name].replace(backend="triton")
+
+        def step():
+            out = fp8_attention(q, k, v, causal=True, config=config)
+            out.backward(dout)
+
+        for _ in range(3):
+            step()
+        LAUNCHES.clear()
+        step()
+        launches = list(LAUNCHES)
+        times = []
+        for _ in range(a.calls):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        print(f"{name}: {len(launches)} Triton launches per fwd+bwd, {1e3 * statistics.median(times):.2f} ms per "
+              f"fwd+bwd (median of {a.calls})\n  {' '.join(launches)}", flush=True)
+        if a.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.calls):
+                step()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats("hf_fp8_attention", 15)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
