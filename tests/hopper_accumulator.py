@@ -29,6 +29,7 @@ emulation's matmul (``reference._matmul``) for this model while it is active (no
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 
@@ -88,8 +89,10 @@ _EXACT = reference._matmul
 def _backward_as_configured(backward):
     """``reference._dense_backward`` with its matmuls modelled only when its backward is FP8 (the
     hybrid recipes' bf16 backward accumulates in fp32)."""
+    signature = inspect.signature(backward)
+
     def run(*args, **kwargs):
-        config = args[9]  # _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, ...)
+        config = signature.bind(*args, **kwargs).arguments["config"]
         if config.backward is BackwardPrecision.FP8:
             return backward(*args, **kwargs)
         _use(_EXACT)
