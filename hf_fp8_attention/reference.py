@@ -109,6 +109,21 @@ def smoothing_shift(q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSp
     return query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
 
 
+def unsmoothed_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSpec,
+                   config: FP8AttentionConfig, softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The forward's LSE ``(B, Hq, Sq)`` fp32 in the frame of unsmoothed logits τ q·k.
+
+    With K-smoothing and neither a cap nor sinks the forward's logits lack the row constant
+    τ q_i·μ (:func:`smoothing_shift`), and so does its LSE. A backward whose logits are not
+    smoothed (the hybrid bf16 one) and that normalises by the forward's LSE (the stale delta) must
+    add it back: its P rows would be off by a factor exp(τ q_i·μ) (on a pretrained model's keys,
+    whose mean is large, gradients of 1e18). Rows with no key keep -inf.
+    """
+    if not config.smooth_k or softcap is not None or sinks is not None:
+        return lse
+    return lse + query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
+
+
 def _rows_of(x: torch.Tensor | None, hkv: int) -> torch.Tensor | None:
     """A per-row value ``(B, Hq, S)`` viewed ``(B, Hkv, G, S)``."""
     return None if x is None else _grouped(x[..., None], hkv)[..., 0]
@@ -426,6 +441,8 @@ def emulated_backward(
         raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
     args = (scale, mask.causal, mask.window, config, softcap, sinks)
     shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
+    if config.backward is BackwardPrecision.BF16 and config.delta is DeltaMode.STALE:
+        lse = unsmoothed_lse(lse, q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
         grads, internals = _dense_backward(q, k, v, out, lse, dout, *args, shift, return_internals)
         return (grads, [internals]) if return_internals else grads
