@@ -1,0 +1,139 @@
+"""Where a training step's host time goes: the attention path's Python, timed inside a real model.
+
+Builds a model of ``train_step.py`` (default the SmolLM2-135M shape) per attention implementation
+and runs training steps (forward, backward, AdamW). The host clock is read around the package's
+layers of the call path, as the host issues them (the GPU is not awaited, so in a host-bound step
+these are the times the GPU waits for):
+
+- ``hf_forward``: the Transformers attention function (mask plan, transposes, the functional API);
+- ``op_forward`` / ``op_backward``: the autograd Function's forward and backward
+  (:func:`hf_fp8_attention.ops.run_forward` / ``run_backward``: quantization, planning, launches);
+- ``launch``: the Triton kernel launches inside them (``JITFunction.run``: argument binding, the
+  autotuner's lookup, the driver call), and their count.
+
+Each line gives milliseconds per step and per layer, next to the step's wall time (host clock,
+synchronized per step) and the sdpa step's. ``--profile`` adds torch.profiler's top operators
+by self CPU time for each FP8 implementation.
+
+    python benchmarks/host_breakdown.py --attn sdpa,fp8_delta,fp8_delta_fast --context 2048
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_step import MODELS, model_config, register_attention  # noqa: E402
+from model_step import build_model  # noqa: E402
+
+from hf_fp8_attention import ops  # noqa: E402
+from hf_fp8_attention.integration import transformers_backend  # noqa: E402
+
+_TOTALS: dict[str, float] = defaultdict(float)
+_COUNTS: dict[str, int] = defaultdict(int)
+_LOCK = threading.Lock()
+_DEPTH = threading.local()
+
+
+def _timed(name: str, fn):
+    """``fn`` wrapped so that its host time adds to ``_TOTALS[name]`` (outermost call per thread)."""
+
+    def wrapper(*args, **kwargs):
+        depth = getattr(_DEPTH, name, 0)
+        setattr(_DEPTH, name, depth + 1)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(_DEPTH, name, depth)
+            if depth == 0:
+                with _LOCK:
+                    _TOTALS[name] += time.perf_counter() - t0
+                    _COUNTS[name] += 1
+
+    return wrapper
+
+
+def instrument() -> None:
+    """Wrap the call path's layers with host timers. Each is looked up as a module global at call
+    time (the registered attention functions call ``transformers_backend.fp8_attention_forward``,
+    the autograd Function ``ops.run_forward`` / ``run_backward``), so replacing the attributes is
+    enough."""
+    import triton.runtime.jit as jit
+
+    transformers_backend.fp8_attention_forward = _timed("hf_forward", transformers_backend.fp8_attention_forward)
+    ops.run_forward = _timed("op_forward", ops.run_forward)
+    ops.run_backward = _timed("op_backward", ops.run_backward)
+    jit.JITFunction.run = _timed("launch", jit.JITFunction.run)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", choices=list(MODELS))
+    p.add_argument("--attn", default="sdpa,fp8_delta,fp8_delta_fast")
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("host_breakdown.py needs a CUDA GPU (the Triton launch path)")
+    names = a.attn.split(",")
+    register_attention(names)
+    instrument()
+    config = model_config(a.model, tiny=False)
+    layers = config.num_hidden_layers
+    print(f"{torch.cuda.get_device_name()} · torch {torch.__version__}; {a.model} shape, {layers} layers, "
+          f"1 x {a.context} tokens, bf16, AdamW; host ms per step (per layer)")
+    ids = torch.randint(0, config.vocab_size, (1, a.context), generator=torch.Generator().manual_seed(0)).cuda()
+    base_ms = None
+    for impl in names:
+        model = build_model(config, impl, seed=0)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+        def step():
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        _TOTALS.clear()
+        _COUNTS.clear()
+        walls = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+        wall = statistics.median(walls) * 1e3
+        base_ms = wall if impl == "sdpa" else base_ms
+        parts = "  ".join(f"{k} {v * 1e3 / a.steps:6.1f} ({v * 1e3 / a.steps / layers:5.2f}) x{_COUNTS[k] // a.steps}"
+                          for k, v in sorted(_TOTALS.items()))
+        extra = f"  (+{(wall - base_ms) / layers:.2f} ms/layer over sdpa)" if base_ms and impl != "sdpa" else ""
+        print(f"{impl:<15} step {wall:7.1f} ms{extra}\n    {parts}", flush=True)
+        if a.profile and impl != "sdpa":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(2):
+                    step()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+        del model, opt
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
