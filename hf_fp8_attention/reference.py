@@ -333,7 +333,8 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
     sink = _sink_logits(sinks, q.shape[0], hkv, q.shape[2])
     matched = config.delta is DeltaMode.MATCHED
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
-    # where these logits differ from the forward's). Stale: the forward's LSE and rowsum(dO ∘ O).
+    # where these logits differ from the forward's). Stale: the forward's LSE (hybrid: in the
+    # unsmoothed frame, emulated_backward's unsmoothed_lse) and rowsum(dO ∘ O).
     # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
     lse_b = _backward_lse(logits, sink) if matched else _rows_of(lse, hkv)
     p = _probabilities(logits, lse_b)
