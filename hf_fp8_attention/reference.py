@@ -109,17 +109,19 @@ def smoothing_shift(q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSp
     return query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
 
 
-def unsmoothed_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSpec,
-                   config: FP8AttentionConfig, softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
-    """The forward's LSE ``(B, Hq, Sq)`` fp32 in the frame of unsmoothed logits τ q·k.
+def stale_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float, mask: MaskSpec,
+              config: FP8AttentionConfig, softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The forward's LSE ``(B, Hq, Sq)`` fp32 in the frame of the backward's logits, which the
+    stale delta normalises them by (the matched delta forms its own normaliser and never reads it).
 
     With K-smoothing and neither a cap nor sinks the forward's logits lack the row constant
-    τ q_i·μ (:func:`smoothing_shift`), and so does its LSE. A backward whose logits are not
-    smoothed (the hybrid bf16 one) and that normalises by the forward's LSE (the stale delta) must
-    add it back: its P rows would be off by a factor exp(τ q_i·μ) (on a pretrained model's keys,
+    τ q_i·μ (:func:`smoothing_shift`), and so does its LSE. The FP8 backward's logits lack it too;
+    the hybrid backward's bf16 logits are not smoothed, so for it the constant is added back:
+    without it its P rows would be off by a factor exp(τ q_i·μ) (on a pretrained model's keys,
     whose mean is large, gradients of 1e18). Rows with no key keep -inf.
     """
-    if not config.smooth_k or softcap is not None or sinks is not None:
+    unsmoothed_logits = config.backward is BackwardPrecision.BF16 and config.delta is DeltaMode.STALE
+    if not unsmoothed_logits or not config.smooth_k or softcap is not None or sinks is not None:
         return lse
     return lse + query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
 
@@ -334,7 +336,7 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
     matched = config.delta is DeltaMode.MATCHED
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE (hybrid: in the
-    # unsmoothed frame, emulated_backward's unsmoothed_lse) and rowsum(dO ∘ O).
+    # unsmoothed frame, emulated_backward's stale_lse) and rowsum(dO ∘ O).
     # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
     lse_b = _backward_lse(logits, sink) if matched else _rows_of(lse, hkv)
     p = _probabilities(logits, lse_b)
@@ -442,8 +444,7 @@ def emulated_backward(
         raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
     args = (scale, mask.causal, mask.window, config, softcap, sinks)
     shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
-    if config.backward is BackwardPrecision.BF16 and config.delta is DeltaMode.STALE:
-        lse = unsmoothed_lse(lse, q, k, scale, mask, config, softcap, sinks)
+    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
     if not mask.is_varlen:
         grads, internals = _dense_backward(q, k, v, out, lse, dout, *args, shift, return_internals)
         return (grads, [internals]) if return_internals else grads

@@ -54,7 +54,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
-from ..reference import unsmoothed_lse
+from ..reference import stale_lse
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
@@ -382,14 +382,6 @@ def _channel_block(table: dict, launch: str, dp: int) -> int:
     return min(block, dp)
 
 
-def _stale_lse(lse, q, k, scale, mask, config, softcap, sinks):
-    """The LSE the stale delta normalises by: the forward's, in the frame of the backward's
-    logits (the hybrid kernels' bf16 logits are unsmoothed: :func:`..reference.unsmoothed_lse`)."""
-    if config.backward is BackwardPrecision.BF16 and config.delta is DeltaMode.STALE:
-        return unsmoothed_lse(lse, q, k, scale, mask, config, softcap, sinks).contiguous()
-    return lse
-
-
 def _mods(q, k, scale, mask, config, softcap, sinks) -> LogitMods:
     """The call's logit modifiers; K-smoothing's row constant only where the backward's QKᵀ operands
     are smoothed (the pre-quantized FP8 path; the in-register ones run unsmoothed recipes)."""
@@ -414,7 +406,7 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         ``dsinks (Hq,)`` fp32.
     """
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
-    lse = _stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
+    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
     dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, mods)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
@@ -431,7 +423,7 @@ def triton_backward_row_sums(q, k, v, out, lse, dout, *, scale: float, mask: Mas
     followed by dsinks, and the row sum includes the sink's entry −P_sink D_i (the extended sum).
     """
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
-    lse = _stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
+    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
     dq, dk, dv, ds_sum, pabs, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, True, mods)
     shape = q.shape[:-1]
     grads = (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
