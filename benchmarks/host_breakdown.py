@@ -40,25 +40,20 @@ from hf_fp8_attention.integration import transformers_backend  # noqa: E402
 
 _TOTALS: dict[str, float] = defaultdict(float)
 _COUNTS: dict[str, int] = defaultdict(int)
-_LOCK = threading.Lock()
-_DEPTH = threading.local()
+_LOCK = threading.Lock()  # the backward's launches run on the autograd engine's thread
 
 
 def _timed(name: str, fn):
-    """``fn`` wrapped so that its host time adds to ``_TOTALS[name]`` (outermost call per thread)."""
+    """``fn`` wrapped so that its host time adds to ``_TOTALS[name]``."""
 
     def wrapper(*args, **kwargs):
-        depth = getattr(_DEPTH, name, 0)
-        setattr(_DEPTH, name, depth + 1)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            setattr(_DEPTH, name, depth)
-            if depth == 0:
-                with _LOCK:
-                    _TOTALS[name] += time.perf_counter() - t0
-                    _COUNTS[name] += 1
+            with _LOCK:
+                _TOTALS[name] += time.perf_counter() - t0
+                _COUNTS[name] += 1
 
     return wrapper
 
