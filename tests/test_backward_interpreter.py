@@ -69,6 +69,9 @@ def _run(shape, mask, config, seed=0, debug=False):
     return got, ref
 
 
+# The fast recipes' scale options (config.RECIPES["fp8_delta_fast"]) as config keywords.
+FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
+               "ds_scales": "head"}
 CASES = {
     # name: ((B, Hq, Hkv, Sq, Sk, D), mask kwargs, config overrides)
     "dense": ((1, 2, 1, 32, 32, 64), {}, {}),
@@ -83,12 +86,8 @@ CASES = {
     "hybrid_stale": ((1, 2, 1, 20, 24, 64), {"causal": True}, {"backward": "bf16", "delta": "stale"}),
     "single_query": ((1, 2, 1, 1, 24, 64), {"causal": True}, {}),
     # The recipes' other scale granularities (the default above: per-token rows, sequence channels).
-    "fast_recipe_gqa_varlen": ((1, 4, 2, 40, 40, 96), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])},
-                               {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-                                "ds_scales": "head"}),
-    "fast_recipe_stale": ((1, 2, 1, 20, 24, 64), {"causal": True},
-                          {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-                           "ds_scales": "head", "delta": "stale"}),
+    "fast_recipe_gqa_varlen": ((1, 4, 2, 40, 40, 96), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])}, FAST_RECIPE),
+    "fast_recipe_stale": ((1, 2, 1, 20, 24, 64), {"causal": True}, {**FAST_RECIPE, "delta": "stale"}),
     "tile_recipe": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
     # dS with one scale per (sequence, head) beside per-tile channel scales (dQ and dK then keep a
     # product per tile), GQA's per-head rescale; and with a window, the stale delta's bound pass.
@@ -101,9 +100,7 @@ CASES = {
     # cost ~4 s per head under the interpreter: one head here.)
     "causal_gqa_d256": ((1, 2, 1, 20, 20, 256), {"causal": True}, {}),
     "stale_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"delta": "stale"}),
-    "fast_recipe_d256": ((1, 1, 1, 20, 20, 256), {"causal": True},
-                         {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-                                "ds_scales": "head"}),
+    "fast_recipe_d256": ((1, 1, 1, 20, 20, 256), {"causal": True}, FAST_RECIPE),
     "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True},
                          {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
     "hybrid_matched_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}),
@@ -309,8 +306,6 @@ def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
         assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
 
 
-FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-               "ds_scales": "head"}
 # (BLOCK_Q, BLOCK_K) per launch, none equal to the recipe's 16-token blocks, the two sides differing.
 BLOCK_FREE_TILES = {"dq_stats": (32, 16), "dq": (16, 32), "dk": (32, 16), "dv": (16, 32), "dkdv": (32, 32)}
 
