@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark,
-# the quantization benchmark, the host-overhead benchmark and the model-step benchmark.
+# the quantization benchmark, the host-overhead benchmark, the model-step benchmark and the
+# launch-path benchmark.
 # Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
 #   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
 # Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
@@ -45,6 +46,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python benchmarks/model_step.py --tag "${tag}_model_step" 2>&1 | tee "$OUT/model_step.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
   cp "benchmarks/results/${tag}_model_step.md" "$OUT"/ 2>/dev/null
+  # The launch path's host time, Triton's and the direct one (HF_FP8_ATTENTION_DIRECT_LAUNCH).
+  python benchmarks/launch_path.py 2>&1 | tee "$OUT/launch_path.log"
+  bench_rc=$(( bench_rc || PIPESTATUS[0] ))
 fi
 echo "gpu_suite: pytest rc=$test_rc, bench rc=$bench_rc"
 exit $(( test_rc != 0 || bench_rc != 0 ))

@@ -58,6 +58,7 @@ from ..reference import stale_lse
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
+from .launch import launch as launch_kernel
 from .logit_mods import NO_MODS, LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import backward_block_free, copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
@@ -236,7 +237,8 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods
     _, sinks2, softcap2 = mods.args(lse)
     mod_meta = mods.meta()
     del mod_meta["ROW_SHIFT"]  # these kernels' operands are never smoothed
-    bwd_dq_inreg_kernel[(cdiv(max_q, bq_dq), n_seq * hq)](
+    launch_kernel(
+        bwd_dq_inreg_kernel, (cdiv(max_q, bq_dq), n_seq * hq),
         q, k, v, dout, o, lse, dq, lse2, delta, dbg_ds, dbg_pabs, cu_q, cu_k, sinks2,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *o.stride(), *dq.stride(), *lse.stride(),
         *dims, window, qk_scale, float(scale), softcap2,
@@ -244,7 +246,8 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods
         **COMPILE_OPTIONS,
     )
     del mod_meta["SINK"]
-    bwd_dkdv_inreg_kernel[(cdiv(max_k, bk_kv), n_seq * hkv)](
+    launch_kernel(
+        bwd_dkdv_inreg_kernel, (cdiv(max_k, bk_kv), n_seq * hkv),
         q, k, v, dout, lse2, delta, dk, dv, cu_q, cu_k,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *dims, window, qk_scale, float(scale), softcap2,
@@ -353,16 +356,16 @@ def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, *, 
 
 
 def _run_prequant(kernel, grid, launch: str, dp: int, args: tuple, kwargs: dict) -> None:
-    """``kernel[grid](*args, **kwargs)``. At head dim 256 the 2-stage shapes of ``LAUNCH_D256`` fill
-    the 227 KB of shared memory per block to within 1-2 KB (offline, Triton 3.9); where a Triton
-    version allocates more, the launch raises OutOfResources before anything runs, and it is
-    retried with one stage fewer, which the table then keeps (one warning)."""
+    """``kernel[grid](*args, **kwargs)``, through :func:`.launch.launch`. At head dim 256 the 2-stage
+    shapes of ``LAUNCH_D256`` fill the 227 KB of shared memory per block to within 1-2 KB (offline,
+    Triton 3.9); where a Triton version allocates more, the launch raises OutOfResources before
+    anything runs, and it is retried with one stage fewer, which the table then keeps (one warning)."""
     if dp <= 128:
-        kernel[grid](*args, **kwargs)
+        launch_kernel(kernel, grid, *args, **kwargs)
         return
     while True:
         try:
-            kernel[grid](*args, **kwargs)
+            launch_kernel(kernel, grid, *args, **kwargs)
             return
         except OutOfResources as err:
             stages = kwargs["num_stages"]

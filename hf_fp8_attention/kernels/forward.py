@@ -71,6 +71,7 @@ from ..config import FP8AttentionConfig, Granularity
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
 from .constants import LOG2E
+from .launch import launch as launch_kernel
 from .logit_mods import logit_mods, soft_cap
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
 from .quantize import (
@@ -524,8 +525,8 @@ def triton_forward(
 
     def launch(cfg: tuple[int, int, int]) -> None:
         bm, warps, stages = cfg
-        _fwd_kernel[(cdiv(rows, bm), n_prog1)](*args, BLOCK_M=bm, **meta, num_warps=warps, num_stages=stages,
-                                               **COMPILE_OPTIONS)
+        launch_kernel(_fwd_kernel, (cdiv(rows, bm), n_prog1), *args, BLOCK_M=bm, **meta, num_warps=warps,
+                      num_stages=stages, **COMPILE_OPTIONS)
 
     if block_m is not None:
         launch(default_launch(block_m, meta["BLOCK_D"]))

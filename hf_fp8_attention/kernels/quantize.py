@@ -36,6 +36,7 @@ from triton.language.extra import libdevice
 from ..config import FP8Format
 from ..transforms import hadamard_matrix
 from .constants import TL_FP8
+from .launch import launch as launch_kernel
 from .tiles import block_of_sequence, cdiv, next_pow2
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
@@ -596,7 +597,8 @@ def quantize_operands(
     if len(xs) == 1:
         stat_args.append(stat_args[0])
     h = rotation_operand(x) if rotated else dummy
-    quantize_kernel[grid](
+    launch_kernel(
+        quantize_kernel, grid,
         *operand_args[0], *operand_args[1], *stat_args[0], *stat_args[1], h,
         cu if varlen else dummy, tile_off if varlen else dummy,
         heads, seq, d, s_pad, n_slots,

@@ -33,6 +33,7 @@ from .quantize import (
     COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, padded_head_dim, rotate_rows,
     rotation_operand,
 )
+from .launch import launch as launch_kernel
 from .tiles import block_of_sequence, cdiv
 
 # Tokens one partials program reduces, and how many it loads at a time.
@@ -281,12 +282,14 @@ def sequence_stats(
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
     if max_len > 0:
-        _partials_kernel[(cdiv(max_len, CHUNK), n_seq * heads, len(xs))](
+        launch_kernel(
+            _partials_kernel, (cdiv(max_len, CHUNK), n_seq * heads, len(xs)),
             x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
             CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
             DOT_DTYPE=dot_dtype(x), **flags, num_warps=warps, **COMPILE_OPTIONS,
         )
-    _finish_kernel[(n_seq, heads, len(xs))](
+    launch_kernel(
+        _finish_kernel, (n_seq, heads, len(xs)),
         part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
         CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
         Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, num_warps=FINISH_WARPS_D256 if wide else FINISH_WARPS,

@@ -1,0 +1,142 @@
+"""Kernel launches that skip Triton's per-call argument binding once a specialization is known.
+
+``kernel[grid](*args, **meta)`` binds every argument on every call: it specializes each one
+(dtype and 16-byte alignment of pointers, divisibility and range of integers), builds the
+compiled-kernel cache key from that, checks the kernel's globals, and only then calls the
+compiled kernel's launcher. For these kernels' 18-71 arguments that is 20-87 µs of host time per
+launch on the benchmark machine, of which the launcher itself takes 7-27 µs
+(``benchmarks/launch_path.py``; ``benchmarks/NOTES.md``, "Host time").
+
+:func:`launch` keys each call by a cheap superset of Triton's specialization (:func:`arg_key`
+per runtime argument, the exact values of the keyword arguments), lets Triton bind, compile and
+launch the first call of each key, and afterwards calls that key's compiled kernel directly with
+the arguments in the kernel's parameter order (``CompiledKernel[grid](*args)``, Triton's own
+launcher, launch hooks included). Two calls Triton would specialize differently never share a
+key, so a cached kernel is only ever run on arguments it was compiled for
+(``tests/test_launch.py`` checks the superset against Triton's specializer).
+
+The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1``; under the Triton interpreter,
+with a kernel's pre-run hooks, or with an argument type it cannot key, every call takes Triton's
+path.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+from triton.runtime.jit import JITFunction
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton without host-side tensor descriptors
+    TensorDescriptor = None
+
+DIRECT_LAUNCH_ENV = "HF_FP8_ATTENTION_DIRECT_LAUNCH"
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class Unkeyable(TypeError):
+    """An argument whose specialization :func:`arg_key` does not know: the call takes Triton's path."""
+
+
+def arg_key(a) -> object:
+    """What Triton's specialization of runtime argument ``a`` depends on, or finer.
+
+    Tensors: dtype and whether the data pointer is 16-byte aligned. Integers: equal to 1 (Triton
+    passes a 1 as a constant), divisible by 16, and the narrowest of int32 / int64 / wider that
+    holds them. Floats and bools: their type only (Triton does not specialize on their values).
+    None: itself. Host tensor descriptors: the base's dtype, the block shape and the options.
+    Raises :class:`Unkeyable` for anything else.
+    """
+    cls = a.__class__
+    if cls is torch.Tensor or isinstance(a, torch.Tensor):
+        return (a.dtype, not a.data_ptr() & 15)
+    if cls is int:
+        width = 32 if _INT32[0] <= a <= _INT32[1] else 64 if _INT64[0] <= a <= _INT64[1] else 128
+        return (a == 1, not a & 15, width)
+    if cls is float or cls is bool:
+        return cls
+    if a is None:
+        return None
+    if TensorDescriptor is not None and cls is TensorDescriptor:
+        return (cls, a.base.dtype, tuple(a.block_shape), a.padding, getattr(a, "round_f32_to_tf32", None))
+    raise Unkeyable(f"no launch key for an argument of type {cls.__name__}")
+
+
+def direct_launch_enabled() -> bool:
+    return os.environ.get(DIRECT_LAUNCH_ENV, "0") not in ("", "0")
+
+
+class DirectLauncher:
+    """The compiled kernels of one ``@triton.jit`` kernel by launch key (see the module docstring).
+
+    Attributes read by the tests and benchmarks: ``direct`` / ``bound`` count the calls that took
+    the direct path / Triton's.
+    """
+
+    def __init__(self, kernel: JITFunction):
+        self.kernel = kernel
+        params = inspect.signature(kernel.fn).parameters
+        self.names = tuple(params)
+        self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        self.compiled: dict[tuple, tuple] = {}
+        self.direct = 0
+        self.bound = 0
+
+    def tail(self, n_args: int, meta: dict) -> tuple:
+        """The values of the parameters after the first ``n_args`` (positional) ones, in signature
+        order: from ``meta`` by name, else the parameter's default."""
+        return tuple(meta[n] if n in meta else self.defaults[n] for n in self.names[n_args:])
+
+    def __call__(self, grid: tuple, args: tuple, meta: dict) -> None:
+        kernel = self.kernel
+        try:
+            if getattr(kernel, "pre_run_hooks", None):
+                raise Unkeyable("the kernel has pre-run hooks")
+            key = (torch.cuda.current_device(), tuple(meta.items()), tuple(map(arg_key, args)))
+            entry = self.compiled.get(key)  # TypeError: an unhashable keyword value
+        except TypeError:  # Unkeyable included
+            self.bound += 1
+            kernel[grid](*args, **meta)
+            return
+        if entry is not None:
+            self.direct += 1
+            compiled, tail = entry
+            compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
+            return
+        self.bound += 1
+        compiled = kernel[grid](*args, **meta)
+        if hasattr(compiled, "__getitem__"):  # a Triton whose kernels launch so (3.6-3.9 do)
+            self.compiled[key] = (compiled, self.tail(len(args), meta))
+
+
+_LAUNCHERS: dict[int, DirectLauncher] = {}
+
+
+def launcher(kernel) -> DirectLauncher | None:
+    """The :class:`DirectLauncher` of ``kernel`` (made on first use), or None where calls must take
+    Triton's path: direct launching off, or ``kernel`` not a compiled-mode ``JITFunction`` (the
+    interpreter's kernels are not)."""
+    if not isinstance(kernel, JITFunction) or not direct_launch_enabled():
+        return None
+    found = _LAUNCHERS.get(id(kernel))
+    if found is None or found.kernel is not kernel:
+        found = _LAUNCHERS[id(kernel)] = DirectLauncher(kernel)
+    return found
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """``kernel[grid](*args, **meta)``: runtime arguments positional, constexprs and compile options
+    (``num_warps``, ...) by keyword; through :class:`DirectLauncher` where :func:`launcher` gives one."""
+    direct = launcher(kernel)
+    if direct is None:
+        kernel[grid](*args, **meta)
+    else:
+        direct(grid, args, meta)
+
+
+__all__ = ["DIRECT_LAUNCH_ENV", "DirectLauncher", "Unkeyable", "arg_key", "direct_launch_enabled", "launch",
+           "launcher"]
