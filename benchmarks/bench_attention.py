@@ -302,13 +302,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_results(out_dir, tag: str, text: str, data: dict) -> None:
-    """Write ``<out_dir>/<tag>.md`` (the table) and ``.json`` (``data``), and print the table."""
+def write_results(out_dir, tag: str, text: str, data: dict, quiet: bool = False) -> None:
+    """Write ``<out_dir>/<tag>.md`` (the table) and ``.json`` (``data``), and print the table
+    unless ``quiet``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.md").write_text(text)
     (out / f"{tag}.json").write_text(json.dumps(data, indent=1))
-    print(text)
+    if not quiet:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,20 @@ after a reset). Out of memory is reported per configuration and the run goes on.
     python benchmarks/train_step.py                       # everything, one run
     python benchmarks/train_step.py --models smollm2 --modes eager --attn sdpa,fp8_delta
     python benchmarks/train_step.py --tiny                # 2-layer models at 256 tokens (smoke test)
+    python benchmarks/train_step.py --tag T --max-minutes 8 [--resume]   # the grid over several jobs
 
 Without CUDA only ``--tiny`` runs (on CPU in fp32: the FP8 recipes then run their PyTorch
-emulation, so the numbers say nothing about speed). Writes ``<out-dir>/<tag>.md`` / ``.json``.
+emulation, so the numbers say nothing about speed). Writes ``<out-dir>/<tag>.md`` / ``.json``,
+after every model build. The whole grid takes longer than one 10-minute job: ``--max-minutes``
+stops before the next build, and ``--resume`` keeps what ``<tag>.json`` holds (from the same GPU
+and software only) and measures the rest; each row records when it was measured.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import gc
+import json
 import platform
 import statistics
 import sys
@@ -186,13 +191,31 @@ def _cleanup(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def run(args, device: str, dtype: torch.dtype) -> tuple[list[dict], dict]:
-    rows, params = [], {}
+def _row_key(row: dict) -> tuple:
+    return row["model"], row["mode"], row["attn"], row["context"]
+
+
+def run(args, device: str, dtype: torch.dtype, prior: list[dict] = (), save=None) -> tuple[list[dict], dict, int]:
+    """Measure every (model, mode, attention, context) of ``args`` that ``prior`` (rows of an
+    earlier run, ``--resume``) has not measured; ``save(rows, params)`` after each model build.
+    Stops before a new build once ``args.max_minutes`` have passed. Returns the rows (``prior``'s
+    first), the parameter counts and how many configurations are left."""
+    rows, params = list(prior), {}
+    done = {_row_key(r) for r in prior}
+    started = time.monotonic()
+    left = 0
     for model_name in args.models:
         config = model_config(model_name, args.tiny)
         contexts = args.contexts or (TINY_CONTEXTS if args.tiny else CONTEXTS[model_name])
         for mode in args.modes:
             for impl in args.attn:
+                todo = [c for c in contexts if (model_name, mode, impl, c) not in done]
+                if not todo:
+                    print(f"{model_name:<10} {mode:<8} {impl:<15} measured in an earlier run (--resume)", flush=True)
+                    continue
+                if args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes:
+                    left += len(todo)
+                    continue
                 torch._dynamo.reset()  # each compile starts afresh (no recompile limit across models)
                 model = None
                 try:
@@ -207,8 +230,9 @@ def run(args, device: str, dtype: torch.dtype) -> tuple[list[dict], dict]:
                     failure = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                     traceback.print_exc()
                     forward = None
-                for context in contexts:
-                    row = {"model": model_name, "mode": mode, "attn": impl, "context": context}
+                for context in todo:
+                    row = {"model": model_name, "mode": mode, "attn": impl, "context": context,
+                           "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")}
                     if forward is None:
                         row["status"] = failure
                     else:
@@ -225,8 +249,9 @@ def run(args, device: str, dtype: torch.dtype) -> tuple[list[dict], dict]:
                     print(_progress(row), flush=True)
                 del model, forward
                 _cleanup(device)
-    _add_ratios(rows)
-    return rows, params
+                if save is not None:
+                    save(rows, params)
+    return rows, params, left
 
 
 def _progress(row: dict) -> str:
@@ -244,6 +269,30 @@ def _add_ratios(rows: list[dict]) -> None:
     for r in rows:
         base = sdpa.get((r["model"], r["mode"], r["context"]))
         r["x_sdpa"] = r["tokens_per_s"] / base if r["status"] == "ok" and base else None
+
+
+def _ordered(rows: list[dict]) -> list[dict]:
+    """Rows in table order: model, mode, context, then the attention implementations as given."""
+    models, modes = list(MODELS), list(MODES)
+    attn = list(dict.fromkeys(r["attn"] for r in rows))
+    return sorted(rows, key=lambda r: (models.index(r["model"]), modes.index(r["mode"]), r["context"],
+                                       attn.index(r["attn"])))
+
+
+def load_prior(path: Path, env: dict) -> tuple[list[dict], dict]:
+    """The rows and parameter counts of an earlier run written to ``path`` (``--resume``), measured
+    configurations only (errors are measured again). Refuses rows of another machine or software
+    stack: one table compares implementations measured under the same conditions."""
+    if not path.exists():
+        return [], {}
+    data = json.loads(path.read_text())
+    keys = ("gpu", "torch", "triton", "transformers", "device", "dtype")
+    theirs = {k: data["env"].get(k) for k in keys}
+    ours = {k: env.get(k) for k in keys}
+    if theirs != ours:
+        raise SystemExit(f"train_step: --resume: {path} was measured on {theirs}, this run is {ours}; "
+                         "use another --tag")
+    return [r for r in data["rows"] if r["status"] in ("ok", "OOM")], data.get("params", {})
 
 
 def _count(n: int) -> str:
@@ -311,6 +360,11 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="2-layer models at 256 tokens: a smoke test (runs on CPU)")
     p.add_argument("--tag", default=None, help="results file name (default: GPU name, date)")
     p.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--resume", action="store_true",
+                   help="keep the configurations <out-dir>/<tag>.json already holds and measure only the others")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new model build after this many minutes (results are written after each "
+                        "build; run again with --resume to go on)")
     args = p.parse_args(argv)
     for name in args.models:
         if name not in MODELS:
@@ -340,9 +394,21 @@ def main(argv=None) -> int:
         with torch.device("meta"):
             count = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
         print(f"train_step: {name}: {count:,} parameters", flush=True)
-    rows, params = run(args, device, dtype)
-    write_results(args.out_dir, tag, render(env, rows, params, args),
-                  {"env": env, "args": vars(args), "tag": tag, "params": params, "rows": rows})
+    prior, prior_params = load_prior(Path(args.out_dir) / f"{tag}.json", env) if args.resume else ([], {})
+
+    def save(rows, params, quiet=True):
+        rows = _ordered(rows)
+        _add_ratios(rows)
+        params = {**prior_params, **params}
+        data = {"env": env, "args": vars(args), "tag": tag, "params": params, "rows": rows}
+        write_results(args.out_dir, tag, render(env, rows, params, args), data, quiet=quiet)
+        return rows
+
+    rows, params, left = run(args, device, dtype, prior, save)
+    rows = save(rows, params, quiet=False)
+    if left:
+        print(f"train_step: --max-minutes reached with {left} configuration(s) left; run the same command "
+              "with --resume to measure them", flush=True)
     errors = [r for r in rows if r["status"] not in ("ok", "OOM")]
     return 1 if errors else 0
 

@@ -32,3 +32,29 @@ def test_train_step_tiny_on_cpu_writes_rows(tmp_path):
     table = (tmp_path / "tiny_test.md").read_text()
     assert "| eager | 256 | fp8_delta |" in table and "transformers" in table
     assert table in proc.stdout
+
+
+def test_train_step_resumes_a_grid_across_runs(tmp_path):
+    """--max-minutes stops before the next model build; --resume measures only what is missing,
+    keeps the earlier rows and computes the ratio to their sdpa row."""
+    env = {**os.environ, "HF_FP8_ATTENTION_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    base = [sys.executable, "benchmarks/train_step.py", "--tiny", "--modes", "eager", "--steps", "1", "--warmup",
+            "1", "--models", "smollm2", "--tag", "grid", "--out-dir", str(tmp_path)]
+
+    def run(*extra):
+        proc = subprocess.run(base + list(extra), env=env, cwd=ROOT, text=True, capture_output=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        return proc.stdout, json.loads((tmp_path / "grid.json").read_text())["rows"]
+
+    out, rows = run("--attn", "sdpa,fp8_delta", "--max-minutes", "0.0001")  # the first build only
+    assert [(r["attn"], r["status"]) for r in rows] == [("sdpa", "ok")]
+    assert "1 configuration(s) left" in out
+    first = rows[0]
+    out, rows = run("--attn", "sdpa,fp8_delta", "--resume")
+    assert "sdpa            measured in an earlier run" in out
+    assert [r["attn"] for r in rows] == ["sdpa", "fp8_delta"]
+    assert rows[0] == {**first, "x_sdpa": 1.0}  # kept as it was
+    assert rows[1]["x_sdpa"] == rows[1]["tokens_per_s"] / first["tokens_per_s"]
+    out, again = run("--attn", "sdpa,fp8_delta", "--resume")  # nothing left: nothing measured
+    assert again == rows
