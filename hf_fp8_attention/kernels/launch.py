@@ -5,7 +5,7 @@
 compiled-kernel cache key from that, checks the kernel's globals, and only then calls the
 compiled kernel's launcher. For these kernels' 18-71 arguments that is 20-87 µs of host time per
 launch on the benchmark machine, of which the launcher itself takes 7-27 µs
-(``benchmarks/launch_path.py``; ``benchmarks/NOTES.md``, "Host time").
+(``benchmarks/experiments/launch_probe.py``; ``benchmarks/NOTES.md``, "Host time").
 
 :func:`launch` keys each call by a cheap superset of Triton's specialization (:func:`arg_key`
 per runtime argument, the exact values of the keyword arguments), lets Triton bind, compile and
