@@ -8,8 +8,12 @@ these are the times the GPU waits for):
 - ``hf_forward``: the Transformers attention function (mask plan, transposes, the functional API);
 - ``op_forward`` / ``op_backward``: the autograd Function's forward and backward
   (:func:`hf_fp8_attention.ops.run_forward` / ``run_backward``: quantization, planning, launches);
-- ``launch``: the Triton kernel launches inside them (``JITFunction.run``: argument binding, the
-  autotuner's lookup, the driver call), and their count.
+- ``launch``: the Triton kernel launches inside them (:func:`hf_fp8_attention.kernels.launch.launch`:
+  Triton's argument binding or the direct path's key, the launcher, the driver call), and their
+  count.
+
+``--direct both`` times each FP8 implementation with the direct launch path off and then on
+(``HF_FP8_ATTENTION_DIRECT_LAUNCH``; rows ``<impl>+direct``).
 
 Each line gives milliseconds per step and per layer, next to the step's wall time (host clock,
 synchronized per step) and the sdpa step's. ``--profile`` adds torch.profiler's top operators
@@ -20,6 +24,7 @@ by self CPU time for each FP8 implementation.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -36,6 +41,7 @@ from train_step import MODELS, model_config, register_attention  # noqa: E402
 from model_step import build_model  # noqa: E402
 
 from hf_fp8_attention import ops  # noqa: E402
+from hf_fp8_attention.kernels import launch  # noqa: E402
 from hf_fp8_attention.integration import transformers_backend  # noqa: E402
 
 _TOTALS: dict[str, float] = defaultdict(float)
@@ -63,12 +69,14 @@ def instrument() -> None:
     time (the registered attention functions call ``transformers_backend.fp8_attention_forward``,
     the autograd Function ``ops.run_forward`` / ``run_backward``), so replacing the attributes is
     enough."""
-    import triton.runtime.jit as jit
+    from hf_fp8_attention.kernels import backward, forward, quantize, sequence_stats
 
     transformers_backend.fp8_attention_forward = _timed("hf_forward", transformers_backend.fp8_attention_forward)
     ops.run_forward = _timed("op_forward", ops.run_forward)
     ops.run_backward = _timed("op_backward", ops.run_backward)
-    jit.JITFunction.run = _timed("launch", jit.JITFunction.run)
+    timed_launch = _timed("launch", launch.launch)  # either path (HF_FP8_ATTENTION_DIRECT_LAUNCH)
+    for module in (backward, forward, quantize, sequence_stats):
+        module.launch_kernel = timed_launch
 
 
 def main(argv=None) -> int:
@@ -78,6 +86,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--direct", choices=("off", "on", "both"), default="off",
+                   help="the direct launch path (HF_FP8_ATTENTION_DIRECT_LAUNCH) for the FP8 implementations")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_breakdown.py needs a CUDA GPU (the Triton launch path)")
@@ -90,7 +100,11 @@ def main(argv=None) -> int:
           f"1 x {a.context} tokens, bf16, AdamW; host ms per step (per layer)")
     ids = torch.randint(0, config.vocab_size, (1, a.context), generator=torch.Generator().manual_seed(0)).cuda()
     base_ms = None
-    for impl in names:
+    settings = {"off": ("0",), "on": ("1",), "both": ("0", "1")}[a.direct]
+    runs = [(impl, env) for impl in names for env in (("0",) if impl == "sdpa" else settings)]
+    for impl, direct in runs:
+        os.environ[launch.DIRECT_LAUNCH_ENV] = direct
+        label = impl + ("+direct" if direct == "1" else "")
         model = build_model(config, impl, seed=0)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -116,7 +130,7 @@ def main(argv=None) -> int:
         parts = "  ".join(f"{k} {v * 1e3 / a.steps:6.1f} ({v * 1e3 / a.steps / layers:5.2f}) x{_COUNTS[k] // a.steps}"
                           for k, v in sorted(_TOTALS.items()))
         extra = f"  (+{(wall - base_ms) / layers:.2f} ms/layer over sdpa)" if base_ms and impl != "sdpa" else ""
-        print(f"{impl:<15} step {wall:7.1f} ms{extra}\n    {parts}", flush=True)
+        print(f"{label:<22} step {wall:7.1f} ms{extra}\n    {parts}", flush=True)
         if a.profile and impl != "sdpa":
             from torch.profiler import ProfilerActivity, profile
 
