@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_launch_check_out}
 # shellcheck source=benchmarks/gpu_env.sh
 source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST
-python -m pytest -v -m gpu -rs tests/gpu/test_direct_launch.py 2>&1 | tee "$OUT/pytest_direct_launch.log" \
+# shellcheck disable=SC2086
+python -m pytest -v -m gpu -rs $XDIST tests/gpu/test_direct_launch.py 2>&1 | tee "$OUT/pytest_direct_launch.log" \
   | grep -E "FAILED|ERROR|passed|failed"
 test_rc=${PIPESTATUS[0]}
 python benchmarks/launch_path.py 2>&1 | tee "$OUT/launch_path.log"
