@@ -6,10 +6,12 @@ replaced by a stub that only records the kernel's name. What is timed is then th
 Python (argument checks, planning, tensor allocation, custom-op and autograd dispatch) plus the
 CPU cost of the autograd engine's gradient handling at this shape, not the kernels and not Triton's
 argument binding (tens of microseconds per launch on a GPU machine, ``benchmarks/NOTES.md``,
-"Host time"). Prints the launches of one fwd+bwd in order and the median wall time per call, and
-with ``--profile`` the top of a cProfile of the package's functions.
+"Host time"). Prints the launches of one fwd+bwd in order, the PyTorch operators it runs besides
+them (each one a device launch on a GPU unless it only makes a view), and the median wall time per
+call, and with ``--profile`` the top of a cProfile of the package's functions. ``--packed N``: the
+tokens as N packed sequences of near-equal length (cu_seqlens) instead of one.
 
-    python benchmarks/host_python.py --recipes fp8_delta,fp8_delta_fast,fp8_delta_tile [--profile]
+    python benchmarks/host_python.py --recipes fp8_delta,fp8_delta_fast,fp8_delta_tile [--packed 3] [--profile]
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ import pstats
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launchers then take CPU tensors
 
 import torch  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,6 +43,22 @@ def _stub_run(self, *args, grid=None, **kwargs):
     LAUNCHES.append(self.fn.__name__ if hasattr(self, "fn") else type(self).__name__)
 
 
+class _CountOps(TorchDispatchMode):
+    """Counts the PyTorch operators run under it (views included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+_VIEWS = {"view", "slice", "select", "as_strided", "transpose", "t", "unsqueeze", "squeeze", "expand", "alias",
+          "detach", "permute", "_reshape_alias", "unbind"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipes", default="fp8_delta,fp8_delta_fast,fp8_delta_tile")
@@ -47,32 +67,44 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--packed", type=int, default=0, help="pack the tokens as this many sequences (cu_seqlens)")
     a = ap.parse_args(argv)
     interpreter.InterpretedFunction.run = _stub_run
     ops.select_backend = lambda device, config: Backend.TRITON  # CPU tensors through the kernel launchers
     shape = (1, a.heads, a.seq, a.head_dim)
     q, k, v = (torch.randn(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn(shape, dtype=torch.bfloat16)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; q, k, v {tuple(shape)} bf16, causal; launches stubbed")
+    packed = {}
+    if a.packed:
+        cu = torch.linspace(0, a.seq, a.packed + 1).round().to(torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; q, k, v {tuple(shape)} bf16, causal"
+          f"{f', {a.packed} packed sequences' if a.packed else ''}; launches stubbed")
     for name in a.recipes.split(","):
         config = RECIPES[name].replace(backend="triton")
 
         def step():
-            out = fp8_attention(q, k, v, causal=True, config=config)
+            out = fp8_attention(q, k, v, causal=True, config=config, **packed)
             out.backward(dout)
 
         for _ in range(3):
             step()
         LAUNCHES.clear()
-        step()
+        counter = _CountOps()
+        with counter:
+            step()
         launches = list(LAUNCHES)
+        views = sum(n for op, n in counter.counts.items() if op in _VIEWS)
+        others = {op: n for op, n in counter.counts.most_common() if op not in _VIEWS}
         times = []
         for _ in range(a.calls):
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
         print(f"{name}: {len(launches)} Triton launches per fwd+bwd, {1e3 * statistics.median(times):.2f} ms per "
-              f"fwd+bwd (median of {a.calls})\n  {' '.join(launches)}", flush=True)
+              f"fwd+bwd (median of {a.calls})\n  {' '.join(launches)}\n  PyTorch operators: {sum(others.values())} "
+              f"besides {views} views: {', '.join(f'{op} x{n}' for op, n in others.items())}", flush=True)
         if a.profile:
             prof = cProfile.Profile()
             prof.enable()

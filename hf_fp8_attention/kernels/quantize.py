@@ -37,7 +37,7 @@ from ..config import FP8Format
 from ..transforms import hadamard_matrix
 from .constants import TL_FP8
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, next_pow2
+from .tiles import block_of_sequence, cdiv, next_pow2, sequence_block_offsets
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
@@ -458,10 +458,7 @@ def tile_slots(cu_seqlens: torch.Tensor | None, seq_len: int, block: int) -> tup
     """
     if cu_seqlens is None:
         return None, cdiv(max(seq_len, 1), block)
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
-    n_tiles = (lens + block - 1) // block
-    tile_off = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
-    return tile_off, seq_len // block + cu_seqlens.numel() - 1
+    return sequence_block_offsets(cu_seqlens, block), seq_len // block + cu_seqlens.numel() - 1
 
 
 class Copies(NamedTuple):

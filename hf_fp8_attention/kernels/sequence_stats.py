@@ -34,7 +34,7 @@ from .quantize import (
     rotation_operand,
 )
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv
+from .tiles import block_of_sequence, cdiv, sequence_block_offsets
 
 # Tokens one partials program reduces, and how many it loads at a time.
 CHUNK = 256
@@ -249,11 +249,12 @@ def sequence_stats(
     dev = x.device
     if varlen:
         n_seq = cu_seqlens.numel() - 1
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
-        n_chunks = (lens + CHUNK - 1) // CHUNK
-        chunk_off = (torch.cumsum(n_chunks, 0) - n_chunks).to(torch.int32)
+        chunk_off = sequence_block_offsets(cu_seqlens, CHUNK)
         n_slots = seq // CHUNK + n_seq
-        max_len = int(max_seqlen) if max_seqlen is not None else int(lens.max()) if n_seq else 0
+        if max_seqlen is not None:
+            max_len = int(max_seqlen)
+        else:  # a device sync
+            max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if n_seq else 0
     else:
         n_seq, chunk_off, n_slots, max_len = bsz, x, cdiv(max(seq, 1), CHUNK), seq
     n_slots = max(n_slots, 1)

@@ -5,12 +5,15 @@
   tiles a tile visits, and which of them need no mask (split by :func:`split_tiles`);
 - :func:`seq_bounds`, :func:`tile_slot`: a (packed or dense) sequence's token range and the index of
   its channel-wise scale tiles;
-- host-side grid arithmetic and the compiled-block limit.
+- host-side grid arithmetic, packed sequences' block offsets and the compiled-block limit.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from ..identity_cache import IdentityCache
 
 
 @triton.jit
@@ -158,6 +161,24 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), in plain Python like :func:`cdiv`."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+# Every layer of a model forward, and its backward, passes the same cu_seqlens tensor: its block
+# offsets are six small device ops (about 40 launches per layer's fwd+bwd uncached).
+_BLOCK_OFFSETS = IdentityCache(maxsize=16)
+
+
+def sequence_block_offsets(cu_seqlens: torch.Tensor, block: int) -> torch.Tensor:
+    """Where each packed sequence's blocks of ``block`` tokens start in an array of per-block slots:
+    the exclusive cumulative sum of ``ceil(len_i / block)``, int32 ``(n_seq,)``, on the device
+    without a sync. Cached while ``cu_seqlens`` is the same unmodified tensor (see
+    :mod:`..identity_cache`); the result is shared: read it, never write it."""
+    return _BLOCK_OFFSETS.get((cu_seqlens,), block, lambda: _block_offsets(cu_seqlens, block))
+
+
+def _block_offsets(cu_seqlens: torch.Tensor, block: int) -> torch.Tensor:
+    n_blocks = (cu_seqlens[1:] - cu_seqlens[:-1] + (block - 1)) // block
+    return (torch.cumsum(n_blocks, 0) - n_blocks).to(torch.int32)
 
 
 # The recipe's blocks are contraction lengths of FP8 MMAs (keys in F2 and B4, queries in B3 and B5),
