@@ -172,7 +172,10 @@ def sequence_block_offsets(cu_seqlens: torch.Tensor, block: int) -> torch.Tensor
     """Where each packed sequence's blocks of ``block`` tokens start in an array of per-block slots:
     the exclusive cumulative sum of ``ceil(len_i / block)``, int32 ``(n_seq,)``, on the device
     without a sync. Cached while ``cu_seqlens`` is the same unmodified tensor (see
-    :mod:`..identity_cache`); the result is shared: read it, never write it."""
+    :mod:`..identity_cache`); the result is shared: read it, never write it. Not cached while a
+    CUDA graph is being captured (a tensor made then lives in the graph's memory pool)."""
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _block_offsets(cu_seqlens, block)
     return _BLOCK_OFFSETS.get((cu_seqlens,), block, lambda: _block_offsets(cu_seqlens, block))
 
 
