@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -107,7 +108,7 @@ def whole_call(a, recipes, q, k, v, dout) -> None:
 
     def sdpa_step(backend):
         def step():
-            with torch.nn.attention.sdpa_kernel(backend):
+            with sdpa_kernel(backend):
                 torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(dout)
         return step
 
@@ -123,7 +124,7 @@ def whole_call(a, recipes, q, k, v, dout) -> None:
 
     results: dict[str, list[float]] = {}
     steps = {}
-    for backend in (torch.nn.attention.SDPBackend.FLASH_ATTENTION, torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         steps[f"sdpa {backend.name.lower()}"] = (None, sdpa_step(backend))
     for recipe in recipes:
         for on in ("0", "1"):
