@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from . import reference
-from .config import Backend, DeltaMode, FP8AttentionConfig
+from .config import Backend, BackwardPrecision, DeltaMode, FP8AttentionConfig
 from .masking import NO_WINDOW, MaskSpec
 
 logger = logging.getLogger(__name__)
@@ -164,17 +164,20 @@ def _no_autocast(device_type: str):
 
 
 def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
-                softcap: float | None = None, sinks: torch.Tensor | None = None):
+                softcap: float | None = None, sinks: torch.Tensor | None = None, for_backward: dict | None = None):
     """FP8 attention forward on the backend :func:`select_backend` picks.
 
     ``softcap``, ``sinks (Hq,)`` fp32: the logit modifiers (:mod:`.reference`). Returns
-    ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32.
+    ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32. ``for_backward``:
+    a dict the kernels may leave values in for :func:`run_backward` (its ``saved``; the emulation
+    leaves none).
     """
     with _no_autocast(q.device.type):
         if select_backend(q.device, config) is Backend.TRITON:
             from .kernels.forward import triton_forward
 
-            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, softcap=softcap, sinks=sinks)
+            out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, softcap=softcap, sinks=sinks,
+                                      for_backward=for_backward)
         else:
             out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
                                                   softcap=softcap, sinks=sinks)
@@ -182,17 +185,19 @@ def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfi
 
 
 def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
-                 softcap: float | None = None, sinks: torch.Tensor | None = None):
+                 softcap: float | None = None, sinks: torch.Tensor | None = None, saved: dict | None = None):
     """FP8 attention backward on the backend :func:`select_backend` picks: ``(dq, dk, dv)``
     contiguous, shapes/dtypes of q, k, v, followed with ``sinks`` by ``dsinks (Hq,)`` fp32. ``out``
-    is read only by the stale delta (None in matched mode); ``dout`` may have any strides."""
+    is read only by the stale delta (None in matched mode); ``dout`` may have any strides.
+    ``saved``: what :func:`run_forward` left in its ``for_backward`` for these inputs."""
     grads = None
+    saved = saved or {}
     with _no_autocast(q.device.type):
         if select_backend(q.device, config) is Backend.TRITON:
             kernel = _triton_backward_fn()
             if kernel is not None:
                 grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, softcap=softcap,
-                               sinks=sinks)
+                               sinks=sinks, kv_stats=saved.get("kv_stats"))
         if grads is None:
             grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
                                                 softcap=softcap, sinks=sinks)
@@ -319,7 +324,10 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig, softcap, sinks):
-        out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks)
+        # With an FP8 backward ahead, the forward's statistics launches also compute those the
+        # backward needs of K and V (two launches fewer; small per-(sequence, head) vectors).
+        ctx.for_backward = {} if config.backward is BackwardPrecision.FP8 and any(ctx.needs_input_grad) else None
+        out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks, for_backward=ctx.for_backward)
         ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, sinks, config))
         ctx.args = (scale, mask, config, softcap)
         return out
@@ -327,7 +335,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lse, out, sinks = ctx.saved_tensors
-        grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks)
+        grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks, saved=ctx.for_backward)
         dsinks = grads[3] if sinks is not None else None
         return grads[0], grads[1], grads[2], None, None, None, None, dsinks
 

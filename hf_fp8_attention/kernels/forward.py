@@ -78,7 +78,7 @@ from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
     quantize_operands, scale_from_amax, to_fp8,
 )
-from .operands import copies_for, logit_factor, stats_for
+from .operands import backward_kv_copies, copies_for, logit_factor, stats_for
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
@@ -455,6 +455,7 @@ def triton_forward(
     block_m: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    for_backward: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
 
@@ -463,6 +464,9 @@ def triton_forward(
         mask: causal / window / varlen (``B == 1``, int32 cu_seqlens) as in :mod:`..masking`.
         block_m: fix the query tile (skips autotuning; used under the interpreter and in tests).
         softcap, sinks ``(Hq,)`` fp32: the logit modifiers (:mod:`hf_fp8_attention.reference`).
+        for_backward: a dict to receive, under ``"kv_stats"``, K's and V's sequence statistics for
+            the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
+            computed in the forward's statistics launches instead of two more in the backward.
     Returns:
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
@@ -477,9 +481,13 @@ def triton_forward(
     # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
     # after the statistics launches (one pair for both) their sequence-wide scales and K's mean need.
     k_copies, v_copies = copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True)
+    kv_stats = stats_for((k, v), (k_copies, v_copies), mask.cu_seqlens_k, max_k,
+                         also=None if for_backward is None else backward_kv_copies(config))
+    if for_backward is not None:
+        for_backward["kv_stats"] = kv_stats
     (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
-        max_seqlen=max_k, stats=stats_for((k, v), (k_copies, v_copies), mask.cu_seqlens_k, max_k),
+        max_seqlen=max_k, stats=kv_stats,
     )
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
     if _quantizes_q_first(config):

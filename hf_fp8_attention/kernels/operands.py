@@ -40,17 +40,27 @@ def stats_need(copies: Copies) -> StatsNeed:
                      row_amax=copies.row and copies.row_head, col_amax=copies.col and copies.col_mode != 0)
 
 
-def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None,
-              max_seqlen: int | None = None) -> tuple[SequenceStats | None, ...]:
+def backward_kv_copies(config: FP8AttentionConfig) -> tuple[Copies, Copies]:
+    """The copies of K and V the FP8 backward quantizes: K row-wise (B1) and channel-wise (B4), V
+    row-wise (B2)."""
+    return copies_for("k", config, row=True, col=True), copies_for("v", config, row=True, col=False)
+
+
+def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen: int | None = None,
+              also: tuple[Copies, ...] | None = None) -> tuple[SequenceStats | None, ...]:
     """Per operand of ``xs`` (one or two tensors of one shape, as :func:`.quantize.quantize_operands`
     takes them) its :class:`SequenceStats` when its ``copies`` need them, else None; the operands
     that need them share one pair of launches. ``cu_seqlens`` (int32) and ``max_seqlen``: the token
-    axis of a packed batch."""
-    needed = [i for i, c in enumerate(copies) if c.needs_stats]
+    axis of a packed batch. ``also``: per operand more copies whose statistics to compute in the
+    same launches (the backward's, for the forward to hand over); each statistic comes out the same
+    whichever others are computed beside it."""
+    wanted = [[c] + ([also[i]] if also is not None else []) for i, c in enumerate(copies)]
+    needed = [i for i, cs in enumerate(wanted) if any(c.needs_stats for c in cs)]
     out: list[SequenceStats | None] = [None] * len(xs)
     if needed:
-        stats = sequence_stats(tuple(xs[i] for i in needed), tuple(stats_need(copies[i]) for i in needed),
-                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        needs = tuple(StatsNeed(*map(any, zip(*(stats_need(c) for c in wanted[i] if c.needs_stats))))
+                      for i in needed)
+        stats = sequence_stats(tuple(xs[i] for i in needed), needs, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         for i, st in zip(needed, stats):
             out[i] = st
     return tuple(out)

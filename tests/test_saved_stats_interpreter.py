@@ -1,0 +1,64 @@
+"""The backward reuses the K/V sequence statistics its forward computed (``for_backward`` /
+``kv_stats``), under the Triton interpreter: the same gradients bit for bit as when the backward
+computes them itself, the forward's outputs unchanged, and one statistics call fewer."""
+import pytest
+import torch
+
+from helpers import make_qkv
+from hf_fp8_attention import RECIPES, fp8_attention
+from hf_fp8_attention.kernels import operands
+from hf_fp8_attention.kernels.backward import triton_backward
+from hf_fp8_attention.kernels.forward import triton_forward
+from hf_fp8_attention.kernels.quantize import interpreting
+from hf_fp8_attention.masking import MaskSpec
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="the interpreter's CPU run of the kernels")
+
+
+def _mask(packed: bool) -> MaskSpec:
+    if not packed:
+        return MaskSpec(causal=True)
+    cu = torch.tensor([0, 15, 15, 40], dtype=torch.int32)
+    return MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25)
+
+
+# fp8_delta, packed (one sequence empty): K's channel amax joins the forward's K statistics; the
+# fast recipe: K's and V's per-head amax as well (V's beside its channel amax).
+@pytest.mark.parametrize("recipe, packed", [("fp8_delta", True), ("fp8_delta_fast", False)])
+def test_reused_statistics_give_the_same_gradients(recipe, packed):
+    config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = make_qkv(1, 2, 1, 40, d=64, dtype=torch.float32, seed=5, outliers=True)
+    mask, scale = _mask(packed), 0.125
+    kept = {}
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=kept)
+    out0, lse0 = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16)
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)  # the extra statistics change no forward code
+    assert set(kept) == {"kv_stats"} and any(st is not None for st in kept["kv_stats"])
+    reused = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, kv_stats=kept["kv_stats"])
+    fresh = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+    for name, a, b in zip(("dq", "dk", "dv"), reused, fresh):
+        assert torch.equal(a, b), name
+
+
+def test_autograd_hands_the_statistics_over(monkeypatch):
+    """Counted with every kernel stubbed (only the host side runs): the statistics calls of a
+    fwd+bwd, and of a forward without gradients."""
+    import triton.runtime.interpreter as interpreter
+
+    from hf_fp8_attention import ops
+    from hf_fp8_attention.config import Backend
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
+    monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
+    calls = []
+    stats = operands.sequence_stats
+    monkeypatch.setattr(operands, "sequence_stats", lambda xs, *a, **kw: calls.append(len(xs)) or stats(xs, *a, **kw))
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(make_qkv(1, 2, 2, 40, d=64, dtype=torch.float32)))
+    out = fp8_attention(q, k, v, causal=True, config=config)
+    assert calls == [2]  # (K, V) for the forward and the backward at once
+    out.backward(dout)
+    assert calls == [2, 2]  # the backward's (Q, dO) only
+    with torch.no_grad():
+        fp8_attention(q, k, v, causal=True, config=config)
+    assert calls == [2, 2, 2]
