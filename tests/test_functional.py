@@ -168,9 +168,9 @@ def test_compiled_call_carries_the_given_max_lengths(monkeypatch):
     seen = []
     run_forward = ops.run_forward
 
-    def spy(q, k, v, scale, mask, config, *mods):
+    def spy(q, k, v, scale, mask, config, *mods, **kwargs):
         seen.append((mask.max_seqlen_q, mask.max_seqlen_k, mask.cu_seqlens_q.dtype))
-        return run_forward(q, k, v, scale, mask, config, *mods)
+        return run_forward(q, k, v, scale, mask, config, *mods, **kwargs)
 
     monkeypatch.setattr(ops, "run_forward", spy)
 
