@@ -59,7 +59,7 @@ from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
 from .launch import launch as launch_kernel
-from .logit_mods import NO_MODS, LogitMods, logit_mods, sink_entries, sink_grad
+from .logit_mods import LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import backward_block_free, backward_kv_copies, copies_for, logit_factor, stats_for, tile_recipe
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
@@ -167,10 +167,12 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
                              "registers and shared memory; keep LAUNCH['prequant'] = True")
 
 
-def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, mods: LogitMods = NO_MODS, kv_stats=None):
+def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None):
     """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
     sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included).
     ``kv_stats``: K's and V's sequence statistics from the forward (see :func:`triton_backward`)."""
+    mods = _mods(q, k, scale, mask, config, softcap, sinks)
+    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
     _check_limits(q, config)
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
@@ -413,9 +415,7 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
     """
-    mods = _mods(q, k, scale, mask, config, softcap, sinks)
-    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
-    dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, mods, kv_stats)
+    dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
@@ -430,9 +430,7 @@ def triton_backward_row_sums(q, k, v, out, lse, dout, *, scale: float, mask: Mas
     the zero-row-sum residual: fp32 rounding level in matched mode. With sinks the gradients are
     followed by dsinks, and the row sum includes the sink's entry −P_sink D_i (the extended sum).
     """
-    mods = _mods(q, k, scale, mask, config, softcap, sinks)
-    lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
-    dq, dk, dv, ds_sum, pabs, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, True, mods)
+    dq, dk, dv, ds_sum, pabs, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, True, softcap, sinks)
     shape = q.shape[:-1]
     grads = (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
     return (*grads, ds_sum.view(shape), pabs.view(shape))
