@@ -700,6 +700,16 @@ def _plot(curves: dict, path: Path, *, title: str, ylabel: str, logy: bool = Fal
     return path
 
 
+def _progress(run: dict) -> str:
+    """How far an unfinished run got: its last step and last held-out loss."""
+    steps = [x["step"] for x in run["log"] if x["type"] == "train"]
+    evals = [x for x in run["log"] if x["type"] == "eval"]
+    text = f"stopped at step {max(steps) if steps else 0}/{run['spec']['settings']['max_steps']}"
+    if evals:
+        text += f", held-out {evals[-1]['eval_loss']:.4f} at step {evals[-1]['step']}"
+    return text
+
+
 def _spread(values: list[float]) -> str:
     if len(values) < 2:
         return "—"
@@ -747,17 +757,24 @@ def report(args) -> dict:
             probes = [p for r in rs for p in r["log"] if p["type"] == "probe"]
             last = probes[-1] if probes else {}
             status = "done" if len(finals) == len(rs) else f"{len(finals)}/{len(rs)} done"
+            status += "".join(f"; s{r['spec']['seed']} {_progress(r)}" for r in rs if not r["done"])
             fmt = (lambda v, f: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f))
             lines.append(f"| {mode} | {','.join(str(r['spec']['seed']) for r in rs)} | {fmt(mean, '.4f')} | "
                          f"{_spread(finals)} | {fmt(mean - ref_mean if mean is not None and ref_mean is not None and mode != REFERENCE else None, '+.4f')} | "
                          f"{fmt(last.get('grad_cos'), '.5f')} | {fmt(last.get('row_sum_median'), '.2e')} | {status} |")
         # Loss difference to sdpa (same seed, same steps), train (smoothed) and held-out.
         tag = f"{phase}_{group}"
-        diff_train, diff_eval, row_sum, key_shift, cos = {}, {}, {}, {}, {}
+        diff_train, diff_eval, row_sum, key_shift, cos, grad_norm = {}, {}, {}, {}, {}, {}
         refs = {r["spec"]["seed"]: r for r in by_mode.get(REFERENCE, [])}
         for mode, rs in by_mode.items():
             for r in rs:
                 label = f"{mode} s{r['spec']['seed']}"
+                # A diverging run's norm reaches inf or NaN: a gap in its curve, counted in its label.
+                norms = [(x["step"], x["grad_norm"]) for x in r["log"] if x["type"] == "train" and x.get("grad_norm") is not None]
+                bad = sum(not math.isfinite(v) for _, v in norms)
+                if norms:
+                    grad_norm[label + (f" ({bad} non-finite)" if bad else "")] = (
+                        [s for s, _ in norms], [v if math.isfinite(v) else float("nan") for _, v in norms])
                 probes = [p for p in r["log"] if p["type"] == "probe" and "row_sum_per_layer" in p]
                 if probes:
                     row_sum[label] = ([p["step"] for p in probes], [p["row_sum_median"] for p in probes])
@@ -784,7 +801,8 @@ def report(args) -> dict:
                  "|Σ dS| / Σ P|dP|", True, False),
                 ("key_shift_residual", key_shift, f"key-shift residual (median over layers), {phase} {group}",
                  "‖Σ dK‖ / ‖Σ |dK|‖", True, False),
-                ("grad_cos", cos, f"1 − cos(gradient, sdpa gradient), {phase} {group}", "1 − cosine", True, False)]
+                ("grad_cos", cos, f"1 − cos(gradient, sdpa gradient), {phase} {group}", "1 − cosine", True, False),
+                ("grad_norm", grad_norm, f"gradient norm before clipping, {phase} {group}", "‖g‖", True, False)]
         lines.append("")
         for name, curves, title, ylabel, logy, zero in figs:
             if logy:

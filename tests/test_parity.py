@@ -106,3 +106,29 @@ def test_report(out, env):
     assert "finetune_tiny-full_loss_diff_train.png" in pngs and "ladder_30m-full_row_sum_residual.png" in pngs
     assert all((report_dir / p).stat().st_size > 1000 for p in pngs)
     assert "=== report ===" in stdout
+
+
+def _synthetic_run(root: Path, mode: str, *, steps: int, norms: list[float], done: bool) -> None:
+    run = root / "ladder" / "30m-full" / f"{mode}-seed0"
+    run.mkdir(parents=True)
+    spec = {"phase": "ladder", "group": "30m-full", "mode": mode, "seed": 0, "variant": "full", "size": "30m",
+            "settings": {"seq_len": 128, "max_steps": 10, "batch_size": 2, "grad_accum": 1, "lr": 1e-3},
+            "command": f"python examples/parity.py ladder --modes {mode}"}
+    (run / "run.json").write_text(json.dumps(spec))
+    records = [{"type": "train", "step": i + 1, "loss": 5.0, "grad_norm": g} for i, g in enumerate(norms[:steps])]
+    records.append({"type": "eval", "step": steps, "eval_loss": 4.25})
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # inf as Infinity, as logged
+    if done:
+        (run / "done.json").write_text(json.dumps({"final_eval_loss": 4.25, "steps": steps}))
+
+
+def test_report_shows_unfinished_runs_and_non_finite_gradient_norms(tmp_path, env):
+    _synthetic_run(tmp_path, "sdpa", steps=10, norms=[1.0] * 10, done=True)
+    _synthetic_run(tmp_path, "hybrid_stale", steps=6, norms=[1.0, 2.0, 1e9, float("inf"), float("nan"), 3.0],
+                   done=False)
+    report_dir = tmp_path / "report"
+    parity(["report", "--out-dir", str(tmp_path), "--report-dir", str(report_dir)], env)
+    md = (report_dir / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| hybrid_stale |"))
+    assert "0/1 done; s0 stopped at step 6/10, held-out 4.2500 at step 6" in row
+    assert (report_dir / "ladder_30m-full_grad_norm.png").stat().st_size > 1000

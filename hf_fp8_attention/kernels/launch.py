@@ -15,7 +15,9 @@ launcher, launch hooks included). Two calls Triton would specialize differently 
 key, so a cached kernel is only ever run on arguments it was compiled for
 (``tests/test_launch.py`` checks the superset against Triton's specializer).
 
-The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1``; under the Triton interpreter,
+The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1`` (on the H200 it saves 8-12% of
+the op's host time, less than a training step's noise, and it rests on Triton internals tested
+with Triton 3.6 only); under the Triton interpreter,
 with a kernel's pre-run hooks, or with an argument type it cannot key, every call takes Triton's
 path.
 """
