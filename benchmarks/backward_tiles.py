@@ -9,6 +9,10 @@ fused launch, and keeps the faster schedule. Gradients are compared with the sta
 order; a difference beyond 1e-2 relative is flagged).
 
     python benchmarks/backward_tiles.py --recipe fp8_delta_fast --seq 8192 --batch 2 [--out DIR]
+    python benchmarks/backward_tiles.py --recipe fp8_delta_fast+dq_in_stats   # the one-sweep dQ launch
+
+(``recipe+flag`` switches a boolean config option on; with ``dq_in_stats`` the dQ side is the one
+``dq_sweep`` launch instead of ``dq_stats`` and ``dq``.)
 
 Prints one line per variant (ms of the backward, TFLOP/s counting the causal backward as
 2.5 x 2·B·H·S²·D) and the chosen table; ``--out`` writes them as JSON.
@@ -37,6 +41,9 @@ from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 VARIANTS = {
     "dq_stats": [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
     "dq": [(64, 128, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 4)],
+    # Two (BLOCK_Q, D) fp32 accumulators: offline (Triton 3.9, sm_90a, D = 128) 64 x 64 on 4 warps
+    # spills 60 B at 2 stages and 208 B at 3; 64 x 32 and 8 warps spill nothing.
+    "dq_sweep": [(64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (64, 64, 4, 3)],
     "dk": [(128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 2), (32, 64, 4, 3)],
     "dv": [(128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)],
 }
@@ -63,7 +70,9 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", type=int, default=1)
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     a = ap.parse_args(argv)
-    cfg = FP8AttentionConfig.from_recipe(a.recipe)
+    name, _, flag = a.recipe.partition("+")
+    cfg = FP8AttentionConfig.from_recipe(name, **({flag: True} if flag else {}))
+    dq_side = ("dq_sweep",) if cfg.dq_in_stats else ("dq_stats", "dq")
     if not backward_block_free(cfg):
         raise SystemExit(f"{a.recipe}: its backward is bound to its blocks; nothing to tile freely")
     b, h, s, d = a.batch, a.heads, a.seq, a.head_dim
@@ -94,6 +103,8 @@ def main(argv=None) -> int:
 
     free = LAUNCH["block_free"]
     for launch in VARIANTS:
+        if launch in ("dq_stats", "dq", "dq_sweep") and launch not in dq_side:
+            continue
         if free.get(launch) is None:
             _set(launch, VARIANTS[launch][0])
     fused_start = not free.get("split_dkdv", LAUNCH["split_dkdv"])
@@ -118,7 +129,7 @@ def main(argv=None) -> int:
             free[launch], LAUNCH[launch] = keep[0], keep[1]
         return best
 
-    best = descend(("dq_stats", "dq"), start)
+    best = descend(dq_side, start)
     # dK and dV: the split pair, then the fused launch, each from its best; the faster schedule stays.
     free["split_dkdv"] = True
     split_best = timed("split dK/dV") if fused_start else best
@@ -127,11 +138,11 @@ def main(argv=None) -> int:
     fused_best = descend(("dkdv",), timed("fused dK/dV") if not fused_start else best)
     free["split_dkdv"] = fused_best is None or (split_best is not None and split_best <= fused_best)
     best = split_best if free["split_dkdv"] else fused_best
-    chosen = {key: LAUNCH[key] for key in ("block_free", "dq_stats", "dq", "dk", "dv", "dkdv")}
+    chosen = {key: LAUNCH[key] for key in ("block_free", *dq_side, "dk", "dv", "dkdv")}
     print(f"chosen ({best:.3f} ms): {json.dumps(chosen)}", flush=True)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"backward_tiles_{a.recipe}_s{s}.json"), "w") as f:
+        with open(os.path.join(a.out, f"backward_tiles_{a.recipe.replace('+', '_')}_s{s}.json"), "w") as f:
             json.dump({"recipe": a.recipe, "S": s, "B": b, "H": h, "D": d, "causal": bool(a.causal),
                        "rows": rows, "chosen": chosen, "best_ms": best}, f, indent=1)
     return 0

@@ -26,7 +26,7 @@ versions, and prints the table last.
 
 A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
 (one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
-them.
+them. ``+dq_in_stats`` switches that recipe option on (``fp8_delta_fast+dq_in_stats``).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
+CONFIG_FLAGS = ("dq_in_stats",)  # boolean recipe options a config name may switch on
 SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
 
@@ -74,10 +75,16 @@ def parse_args(argv=None):
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
     bad = {c.split("+")[0] for c in args.configs} - set(RECIPES)
-    bad |= {m for c in args.configs for m in c.split("+")[1:]} - set(LOGIT_MODS)
+    bad |= {m for c in args.configs for m in c.split("+")[1:]} - set(LOGIT_MODS) - set(CONFIG_FLAGS)
     if bad:
         p.error(f"unknown configs or modifiers {sorted(bad)}; choose from {sorted(RECIPES)}, "
-                f"each optionally with +{' / +'.join(LOGIT_MODS)}")
+                f"each optionally with +{' / +'.join((*LOGIT_MODS, *CONFIG_FLAGS))}")
+    for c in args.configs:
+        recipe, *mods = c.split("+")
+        try:
+            _recipe_config(recipe, mods)
+        except ValueError as err:
+            p.error(f"--configs {c}: {err}")
     bad = set(args.dims) - set(SUPPORTED_HEAD_DIMS)
     if bad:
         p.error(f"unsupported head dims {sorted(bad)}; choose from {list(SUPPORTED_HEAD_DIMS)}")
@@ -114,10 +121,16 @@ def _sdpa_fn(backend_name, causal):
     return run
 
 
+def _recipe_config(recipe: str, mods: list[str]):
+    """The recipe's config with the ``CONFIG_FLAGS`` among ``mods`` switched on."""
+    flags = {m: True for m in mods if m in CONFIG_FLAGS}
+    return RECIPES[recipe].replace(**flags) if flags else RECIPES[recipe]
+
+
 def _ours_fn(name, causal):
-    """``name``: a recipe, optionally with ``+softcap`` / ``+sinks`` (module docstring)."""
+    """``name``: a recipe, optionally with ``+softcap`` / ``+sinks`` / ``+dq_in_stats`` (module docstring)."""
     recipe, *mods = name.split("+")
-    cfg = RECIPES[recipe]
+    cfg = _recipe_config(recipe, mods)
     softcap = SOFTCAP if "softcap" in mods else None
     sinks = {}  # per head count, made once: (H,) fp32 sink logits
 

@@ -169,6 +169,8 @@ def launch_label(rec: dict) -> str:
         return f"forward BLOCK_M={c['BLOCK_M']}"
     if name == "bwd_dq_fp8_kernel":
         job = {(True, False): "dq_stats", (False, True): "dq", (True, True): "dq+stats"}[(c["STATS"], c["GRADS"])]
+        if c.get("ONE_SWEEP"):
+            job = "dq_sweep"
         return f"{job} {c['BLOCK_Q']}x{c['BLOCK_K']}"
     if name == "bwd_dkdv_fp8_kernel":
         job = {(True, False): "dk", (False, True): "dv", (True, True): "dkdv"}[(c["COMPUTE_DK"], c["COMPUTE_DV"])]
@@ -238,7 +240,8 @@ def offline_main(args) -> None:
                     for mask_kind in args.masks:
                         comp.context = dict(d=d, recipe=recipe, mask=mask_kind)
                         q, k, v, do, mask = _offline_inputs(d, mask_kind, args.seq)
-                        config = RECIPES[recipe]
+                        name, _, flag = recipe.partition("+")  # "recipe+flag": a boolean option on
+                        config = RECIPES[name].replace(**{flag: True}) if flag else RECIPES[name]
                         scale = d ** -0.5
                         out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config)
                         backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
@@ -306,7 +309,7 @@ def main(argv=None) -> None:
     parser.add_argument("--offline", action="store_true", help="compile for sm_90a on this machine, no GPU")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 256], help="offline: head dims")
     parser.add_argument("--recipes", type=lambda s: s.split(","), default=list(OFFLINE_RECIPES),
-                        help="offline: comma-separated recipe names")
+                        help="offline: comma-separated recipe names (recipe+flag switches a boolean option on)")
     parser.add_argument("--masks", type=lambda s: s.split(","), default=list(OFFLINE_MASKS),
                         help=f"offline: comma-separated mask kinds ({', '.join(OFFLINE_MASKS)})")
     parser.add_argument("--capability", type=int, default=90, help="offline: compute capability (90: H100/H200)")

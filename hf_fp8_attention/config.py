@@ -152,6 +152,16 @@ class FP8AttentionConfig:
     two dividing the head dim, at most 128: 80 -> 16, 96 -> 32, 256 -> two of 128), folding its
     1/block into the softmax scale.
 
+    ``dq_in_stats`` forms dQ in the backward's statistics sweep instead of a sweep of its own:
+    dS = P ∘ (dP − D), so dQ_i = A_i − D'_i B_i with A = fq(P ∘ dP) K (one power-of-two scale per
+    query row, from the bound ‖dO_i‖ √d amax(V) ≥ |dP_ij| that holds before the sweep) and
+    B = P̂ K (P on the fixed grid), both accumulated over the keys before D is known, and
+    D'_i = Σ_j fq(P ∘ dP)_ij / Σ_j P̂_ij, so that the dS dQ is formed from sums to zero over each row.
+    P is normalised by the forward's LSE and the dK / dV launch's D_i = Σ_j P_ij dP_ij / Σ_j P_ij
+    (zero row sums for any normaliser). One launch and one matmul-equivalent fewer. Needs the
+    matched delta, the FP8 backward, ``kv_scales="head"``, ``p_scales="fixed"`` and sequence-wide
+    channel scales (not ``"tile"``); calls with a soft-cap or sinks are refused.
+
     ``delta`` picks Delta-Matching (``"matched"``) or the stale rowsum(dO ∘ O) (``"stale"``);
     ``backward`` picks FP8 backward matmuls (``"fp8"``) or the hybrid bf16 backward (``"bf16"``).
     ``backend`` forces the Triton kernels or the PyTorch emulation; ``"auto"`` chooses by device.
@@ -173,6 +183,7 @@ class FP8AttentionConfig:
     ds_scales: Granularity = Granularity.TILE
     smooth_k: bool = True
     hadamard: bool = True
+    dq_in_stats: bool = False
     delta: DeltaMode = DeltaMode.MATCHED
     backward: BackwardPrecision = BackwardPrecision.FP8
     backend: Backend = Backend.AUTO
@@ -202,9 +213,22 @@ class FP8AttentionConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value not in _TILE_SIZES:
                 raise ValueError(f"FP8AttentionConfig.{name}={value!r} must be one of {_TILE_SIZES}")
-        for name in ("pow2_scales", "smooth_k", "hadamard"):
+        for name in ("pow2_scales", "smooth_k", "hadamard", "dq_in_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FP8AttentionConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.dq_in_stats:
+            conflicts = [f"{name}={value!r}" for name, value, ok in (
+                ("delta", self.delta.value, self.delta is DeltaMode.MATCHED),
+                ("backward", self.backward.value, self.backward is BackwardPrecision.FP8),
+                ("kv_scales", self.kv_scales.value, self.kv_scales is Granularity.HEAD),
+                ("p_scales", self.p_scales.value, self.p_scales is PScaling.FIXED),
+                ("channel_scales", self.channel_scales.value, self.channel_scales is not Granularity.TILE),
+            ) if not ok]
+            if conflicts:
+                raise ValueError(
+                    "FP8AttentionConfig.dq_in_stats=True needs delta='matched', backward='fp8', kv_scales='head', "
+                    f"p_scales='fixed' and channel_scales 'channel' or 'head'; got {', '.join(conflicts)}"
+                )
 
     def replace(self, **changes) -> "FP8AttentionConfig":
         """A copy with some fields changed (validated like a new config)."""

@@ -126,6 +126,13 @@ def stale_lse(lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float,
     return lse + query_key_means(q, k, mask.cu_seqlens_q, mask.cu_seqlens_k) * scale
 
 
+def check_dq_in_stats(config: FP8AttentionConfig, softcap: float | None, sinks: torch.Tensor | None) -> None:
+    """A ValueError for ``dq_in_stats`` with a soft-cap or sinks (its one sweep has neither the cap's
+    slope nor the sink's normaliser)."""
+    if config.dq_in_stats and config.backward is BackwardPrecision.FP8 and (softcap is not None or sinks is not None):
+        raise ValueError("FP8AttentionConfig.dq_in_stats: calls with a soft-cap or sinks are not supported")
+
+
 def _rows_of(x: torch.Tensor | None, hkv: int) -> torch.Tensor | None:
     """A per-row value ``(B, Hq, S)`` viewed ``(B, Hkv, G, S)``."""
     return None if x is None else _grouped(x[..., None], hkv)[..., 0]
@@ -297,6 +304,28 @@ def _fq_ds_head(ds: torch.Tensor, p: torch.Tensor, dp: torch.Tensor, delta: torc
     return fp8_round((ds / scale).clamp(-fmt.max, fmt.max), fmt) * scale
 
 
+def _dq_from_stats(p: torch.Tensor, dp: torch.Tensor, k_col: torch.Tensor, dog: torch.Tensor, v: torch.Tensor,
+                   config: FP8AttentionConfig) -> torch.Tensor:
+    """dQ / τ ``(B, Hkv, G, Sq, D)`` as ``dq_in_stats`` forms it in the statistics sweep (the config's
+    docstring): A − D'·B from P, dP ``(B, Hkv, G, Sq, Sk)``, K's token-contraction operand ``k_col``
+    ``(B, Hkv, Sk, D)`` and the dP operands' inputs ``dog (B, Hkv, G, Sq, D)``, ``v (B, Hkv, Sk, D)``."""
+    do_op = _fq_row(dog, config.do_format, config.qdo_scales, config)
+    v_op = _fq_row(v.float(), config.v_format, config.kv_scales, config)
+    # |P_ij dP_ij| <= |dP_ij| <= ||dO_i|| ||V_j|| <= ||dO_i|| sqrt(d) amax(V) (P <= 1), known before
+    # the sweep; rounded up to a power of two, the kernels' order of summation does not change it.
+    v_amax = v_op.flatten(-2).abs().amax(-1)[..., None, None, None]
+    bound = do_op.norm(dim=-1, keepdim=True) * (v_op.shape[-1] ** 0.5) * v_amax / config.ds_format.max
+    row_scale = torch.where(bound > 0, torch.exp2(torch.ceil(torch.log2(torch.where(bound > 0, bound, 1.0)))), 1.0)
+    fmt = config.ds_format
+    a_op = fp8_round((p * dp / row_scale).clamp(-fmt.max, fmt.max), fmt) * row_scale
+    p_hat = fp8_round(p * config.p_format.max, config.p_format) / config.p_format.max
+    p_hat_sum = p_hat.sum(dim=-1, keepdim=True)
+    # D' makes the row sums of the effective dS = fq(P dP) − D' P̂ vanish. A row whose P̂ codes all
+    # round to 0 (uniform attention over ~2^17 keys or more) keeps A alone.
+    d_prime = torch.where(p_hat_sum > 0, a_op.sum(dim=-1, keepdim=True) / torch.where(p_hat_sum > 0, p_hat_sum, 1.0), 0.0)
+    return _rows_times(a_op, k_col) - d_prime * _rows_times(p_hat, k_col)
+
+
 def _bf16(x: torch.Tensor) -> torch.Tensor:
     """The value a bf16 MMA operand holds, in fp32."""
     return x.to(torch.bfloat16).float()
@@ -334,13 +363,18 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
     logits = _masked_logits(qs, ks, scale * factor, causal, window, shift=shift, softcap=softcap)
     sink = _sink_logits(sinks, q.shape[0], hkv, q.shape[2])
     matched = config.delta is DeltaMode.MATCHED
+    in_stats = fp8 and config.dq_in_stats
     # Matched: the backward's own normaliser, so its P rows sum to 1 (essential in hybrid mode,
     # where these logits differ from the forward's). Stale: the forward's LSE (hybrid: in the
-    # unsmoothed frame, emulated_backward's stale_lse) and rowsum(dO ∘ O).
+    # unsmoothed frame, emulated_backward's stale_lse) and rowsum(dO ∘ O). dq_in_stats: the forward's
+    # LSE (the one sweep has no normaliser of its own before it needs P) and D = Σ P dP / Σ P.
     # (Through LSE', as the kernels form it: their P and so their dS codes are the emulation's.)
-    lse_b = _backward_lse(logits, sink) if matched else _rows_of(lse, hkv)
+    lse_b = _backward_lse(logits, sink) if matched and not in_stats else _rows_of(lse, hkv)
     p = _probabilities(logits, lse_b)
-    if matched:
+    if in_stats:
+        p_sum = p.sum(dim=-1)
+        delta = torch.where(p_sum > 0, (p * dp).sum(dim=-1) / torch.where(p_sum > 0, p_sum, 1.0), 0.0)
+    elif matched:
         delta = (p * dp).sum(dim=-1)  # over the keys: the sink has no value, dP_sink = 0
     else:
         delta = (dog.float() * _grouped(out, hkv).float()).sum(dim=-1)
@@ -362,9 +396,13 @@ def _dense_backward(q, k, v, out, lse, dout, scale, causal, window, config, soft
         if config.ds_scales is Granularity.HEAD:
             ds_q = ds_k = _fq_ds_head(ds_logits, p, dp, delta, config)
         else:
-            ds_q = fake_quantize(ds_logits, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2)
             ds_k = fake_quantize(ds_logits, dim=-2, block=bq, fmt=config.ds_format, pow2=pow2)
-        dq = _rows_times(ds_q, _fq_col(k, config.k_format, bk, config))
+            ds_q = None if in_stats else fake_quantize(ds_logits, dim=-1, block=bk, fmt=config.ds_format, pow2=pow2)
+        k_col = _fq_col(k, config.k_format, bk, config)
+        if in_stats:  # dQ from the statistics sweep's sums, not from a quantized dS
+            dq = _dq_from_stats(p, dp, k_col, dog, v, config)
+        else:
+            dq = _rows_times(ds_q, k_col)
         dk = _cols_times(ds_k, _fq_col(qg, config.q_format, bq, config))
     else:
         dv = _cols_times(_bf16(p), _bf16(dog))
@@ -442,6 +480,7 @@ def emulated_backward(
     """
     if config.delta is DeltaMode.STALE and out is None:
         raise ValueError("the stale delta rowsum(dO ∘ O) needs the forward output `out`")
+    check_dq_in_stats(config, softcap, sinks)
     args = (scale, mask.causal, mask.window, config, softcap, sinks)
     shift = smoothing_shift(q, k, scale, mask, config, softcap, sinks)
     lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)

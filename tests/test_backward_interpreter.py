@@ -104,6 +104,15 @@ CASES = {
     "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True},
                          {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
     "hybrid_matched_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}),
+    # dq_in_stats: the statistics and dQ in one sweep (bwd_dq_fp8_kernel's ONE_SWEEP), on the fast
+    # recipe's free tiles, packed; with per-token Q/dO, sequence channel scales and per-tile dS on
+    # the recipe's blocks; with a window; at d = 256 in two channel blocks.
+    "dq_in_stats_fast_varlen": ((1, 1, 1, 24, 24, 64), {"causal": True, "cu": ([0, 7, 24], [0, 7, 24])},
+                                {**FAST_RECIPE, "dq_in_stats": True}),
+    "dq_in_stats_token_rows_gqa": ((1, 2, 1, 17, 36, 64), {"causal": True},
+                                   {"kv_scales": "head", "p_scales": "fixed", "dq_in_stats": True}),
+    "dq_in_stats_window": ((1, 1, 1, 19, 19, 64), {"window": 5}, {**FAST_RECIPE, "dq_in_stats": True}),
+    "dq_in_stats_d256": ((1, 1, 1, 20, 20, 256), {"causal": True}, {**FAST_RECIPE, "dq_in_stats": True}),
 }
 # The in-register FP8 kernels run the first release's recipe only.
 TILE_RECIPE = {"channel_scales": "tile", "smooth_k": False, "hadamard": False}
@@ -189,6 +198,32 @@ def test_rows_without_keys_and_tokens_outside_sequences_get_zero_gradients():
     assert not dq[:, :, 36:].any() and not dk[:, :, 30:].any() and not dv[:, :, 30:].any()
     for x, r in zip((dq, dk, dv), ref):
         assert _rel(x, r) <= KERNEL_VS_EMULATION
+
+
+def test_dq_in_stats_row_sums_vanish_and_rows_without_keys_stay_zero():
+    """The one sweep's debug row sums (Σ_j of dQ's effective dS, fq(P dP) − D' P̂) are at fp32
+    rounding, as the matched statistics pass's are; rows that see no key and tokens outside every
+    sequence get zero gradients."""
+    cu = ([0, 12, 36], [0, 5, 30])
+    config = FP8AttentionConfig(**TILES, **FAST_RECIPE, dq_in_stats=True)
+    (dq, dk, dv, ds_sum, pabs), ref = _run((1, 1, 1, 40, 32, 64), _mask(causal=True, cu=cu), config, debug=True)
+    seen = pabs > 0
+    assert seen.any() and (ds_sum[seen].abs() / pabs[seen]).max() <= 1e-5
+    assert not dq[:, :, :7].any() and not dq[:, :, 36:].any()
+    for x, r in zip((dq, dk, dv), ref):
+        assert torch.isfinite(x).all() and _rel(x, r) <= KERNEL_VS_EMULATION
+
+
+def test_dq_in_stats_refuses_softcap_and_sinks():
+    config = FP8AttentionConfig(**TILES, **FAST_RECIPE, dq_in_stats=True)
+    q, k, v, do = _inputs(1, 2, 1, 16, 16, 64, seed=0)
+    mask = _mask(causal=True)
+    out, lse = reference.emulated_forward(q, k, v, scale=0.125, mask=mask, config=config, softcap=30.0)
+    for kw in ({"softcap": 30.0}, {"sinks": torch.zeros(2)}):
+        with pytest.raises(ValueError, match="dq_in_stats: calls with a soft-cap or sinks"):
+            kernels.triton_backward(q, k, v, out, lse, do, scale=0.125, mask=mask, config=config, **kw)
+        with pytest.raises(ValueError, match="dq_in_stats: calls with a soft-cap or sinks"):
+            reference.emulated_backward(q, k, v, out, lse, do, scale=0.125, mask=mask, config=config, **kw)
 
 
 @pytest.mark.parametrize("d", [64, 256])

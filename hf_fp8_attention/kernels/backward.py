@@ -37,7 +37,9 @@ folded into LSE' and D there (see that module's docstring).
 With ``ds_scales="head"`` (the fast recipes) dS takes one scale per (sequence, query head) in both
 dQ and dK, from a bound the statistics launch forms and folds per head (the stale delta then runs
 that launch too); a recipe whose backward no block binds (``operands.backward_block_free``) takes
-its tiles from ``LAUNCH["block_free"]`` instead of the recipe's blocks.
+its tiles from ``LAUNCH["block_free"]`` instead of the recipe's blocks. ``config.dq_in_stats``
+forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``: dQ = A − D'·B from the forward's
+LSE, see the config's docstring), so LSE'/D and dQ no longer take two.
 
 Logit soft-capping and attention sinks (:mod:`.logit_mods`) run in both paths: the cap (and
 K-smoothing's row constant, added back where the FP8 operands are smoothed) wherever S is formed,
@@ -54,7 +56,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
-from ..reference import stale_lse
+from ..reference import check_dq_in_stats, stale_lse
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
@@ -94,12 +96,13 @@ LAUNCH = {
     "split_dkdv": True,
     "dq_stats": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
+    "dq_sweep": {"num_warps": 4, "num_stages": 2},
     "dk": {"num_warps": 4, "num_stages": 3},
     "dv": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 3},
-    "free_tile": {"dq": 64, "dq_stats": 64, "dkdv": 64, "dk": 64, "dv": 64},
-    "block_free": {"dq_stats": (64, 64), "dq": (64, 64), "dkdv": (32, 64), "dk": (64, 64), "dv": (128, 64),
-                   "split_dkdv": False},
+    "free_tile": {"dq": 64, "dq_stats": 64, "dq_sweep": 64, "dkdv": 64, "dk": 64, "dv": 64},
+    "block_free": {"dq_stats": (64, 64), "dq": (64, 64), "dq_sweep": (64, 64), "dkdv": (32, 64), "dk": (64, 64),
+                   "dv": (128, 64), "split_dkdv": False},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
@@ -117,11 +120,12 @@ LAUNCH = {
 LAUNCH_D256 = {
     "dq_stats": {"num_warps": 4, "num_stages": 2},
     "dq": {"num_warps": 8, "num_stages": 2},
+    "dq_sweep": {"num_warps": 8, "num_stages": 1},
     "dk": {"num_warps": 8, "num_stages": 2},
     "dv": {"num_warps": 8, "num_stages": 2},
     "dkdv": {"num_warps": 8, "num_stages": 1},
-    "free_tile": {"dq": 128, "dq_stats": 64, "dkdv": 128, "dk": 128, "dv": 128},
-    "channel_block": {"dq": 128, "dq_stats": None, "dkdv": 128, "dk": 128, "dv": 128},
+    "free_tile": {"dq": 128, "dq_stats": 64, "dq_sweep": 64, "dkdv": 128, "dk": 128, "dv": 128},
+    "channel_block": {"dq": 128, "dq_stats": None, "dq_sweep": 128, "dkdv": 128, "dk": 128, "dv": 128},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1, "block_q": 32, "block_k": 64},
               "dkdv": {"num_warps": 8, "num_stages": 1, "block_q": 32, "block_k": 64}},
 }
@@ -171,6 +175,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
     sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included).
     ``kv_stats``: K's and V's sequence statistics from the forward (see :func:`triton_backward`)."""
+    check_dq_in_stats(config, softcap, sinks)
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
     lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
     _check_limits(q, config)
@@ -313,8 +318,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     # so the statistics always have a launch of their own, for the stale delta too.
     ds_head = config.ds_scales is Granularity.HEAD
     ds_bound = torch.zeros(n_seq * hq, dtype=torch.int32, device=q.device) if ds_head else lse2
-    split_stats = (matched and LAUNCH["split_dq_stats"]) or ds_head
-    dq_passes = ((True, False, "dq_stats"), (False, True, "dq")) if split_stats else ((True, True, "dq"),)
+    one_sweep = config.dq_in_stats
+    split_stats = ((matched and LAUNCH["split_dq_stats"]) or ds_head) and not one_sweep
+    if one_sweep:
+        dq_passes = ((True, True, "dq_sweep"),)
+    elif split_stats:
+        dq_passes = ((True, False, "dq_stats"), (False, True, "dq"))
+    else:
+        dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
     for stats, grads, launch in dq_passes:
         tq, tk = _tiles(table, launch, free, config, query_side=True)
@@ -327,7 +338,7 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             float(scale), softcap2), dict(
             MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=tq, BLOCK_K=tk, STATS=stats, GRADS=grads,
             ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta, DS_HEAD=ds_head,
-            BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
+            ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
         ))
     del mod_meta["SINK"]  # in LSE' and LSE'^do already
     split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
@@ -404,7 +415,8 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``.
         out: forward output ``(B, Hq, Sq, D)``; read only by ``delta="stale"`` (None is fine when matched).
         lse: ``(B, Hq, Sq)`` fp32 natural-log LSE of the forward (-inf on rows with no key); read
-            only by the stale delta (the matched delta forms its own normaliser).
+            by the stale delta and by ``config.dq_in_stats`` (the matched delta otherwise forms its
+            own normaliser).
         dout: ``(B, Hq, Sq, D)``.
         scale: softmax scale τ. mask: :class:`MaskSpec`. config: the recipe (tile sizes = quant blocks).
         softcap, sinks ``(Hq,)`` fp32: the forward's logit modifiers (:mod:`hf_fp8_attention.reference`).

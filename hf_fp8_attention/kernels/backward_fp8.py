@@ -281,6 +281,126 @@ def _dq_tiles(
 
 
 @triton.jit
+def _dq_sweep_tiles(
+    acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok, pos_q,
+    kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, t_lo, t_hi,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
+    INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr, BLOCK_DO: tl.constexpr,
+):
+    """Key tiles t_lo <= t < t_hi of one query tile's statistics sweep that also forms dQ
+    (``dq_in_stats``, KV_HEAD and sequence-wide K channel scales; see the config's docstring).
+    P' = 2^(S − LSE^do) = P · sdo from the forward's LSE, so P'dP' = P dP. Accumulates, all
+    (BLOCK_Q,) but the two (BLOCK_Q, BLOCK_DO) MMA accumulators: A += fq(P dP) K (codes of
+    P dP · ``a_inv``, the row's power-of-two reciprocal scale) and B += fp8(448 P) K (``pb_mul`` =
+    448 / sdo), their codes' row sums ``a_sum`` / ``b_sum``, l = Σ P', u = Σ P'dP' (u / l = D'), and
+    with DS_HEAD w = max P'|dP'|, pmax = max P' for dK's bound; with DEBUG Σ P'|dP'|."""
+    offs_n0 = tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
+    for t in range(t_lo, t_hi):
+        offs_n = t * BLOCK_K + offs_n0
+        col_ok = offs_n < k_len  # read only if MASKED
+        keys = k_start + offs_n
+        s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
+                        offs_d, shift, 0.0, BLOCK_D, MASKED, True, INTERPRET, ROW_SHIFT, False)
+        p = tl.math.exp2(s - lse2do[:, None])
+        if MASKED:
+            vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
+                           CAUSAL, HAS_WINDOW)
+            p = tl.where(vis, p, 0.0)
+        pdp = p * dp
+        l_i += tl.sum(p, 1)
+        u_i += tl.sum(pdp, 1)
+        if DS_HEAD:
+            w_i = tl.maximum(w_i, abs_max(pdp, 1), propagate_nan=tl.PropagateNan.ALL)
+            pmax_i = tl.maximum(pmax_i, tl.max(p, 1))
+        if DEBUG:
+            pabs_sum += tl.sum(tl.abs(pdp), 1)
+        a8 = cast_saturating(pdp * a_inv[:, None], DS_MAX, DS_DTYPE, INTERPRET)
+        pb8 = cast_saturating(p * pb_mul[:, None], 448.0, tl.float8e4nv, INTERPRET)
+        kct = _cols_t(kct_base, keys, col_ok, offs_o, SK_PAD, MASKED)
+        acc_a = tl.dot(a8, tl.trans(kct), acc_a, out_dtype=tl.float32)
+        acc_b = tl.dot(pb8, tl.trans(kct), acc_b, out_dtype=tl.float32)
+        a_sum += tl.sum(a8.to(tl.float32), 1)
+        b_sum += tl.sum(pb8.to(tl.float32), 1)
+    return acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum
+
+
+@triton.jit
+def _dq_sweep(
+    DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS, DS_BOUND, lse2, q8, do8, sq, sdo, row_ok, stat_ok, pos_q, rows,
+    stat_off, bh_q, seq, h, H, SQ_TOTAL, kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
+    window, SK_PAD, shift, tau, t_lo, f_lo, f_hi, t_hi, o_ok,
+    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr, ALIGNED: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DS_DTYPE: tl.constexpr,
+    DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr,
+    BLOCK_DO: tl.constexpr,
+):
+    """The statistics and dQ of one query tile in one sweep (``dq_in_stats``; bwd_dq_fp8_kernel's
+    ONE_SWEEP): stores LSE2 = the forward's LSE (log2), LSE'^do, D' = u / l and, with DS_HEAD, folds
+    the row bound max P'|dP'| + |D'| max P' into DS_BOUND as the statistics launch does; then
+    dQ = τ · s_a (A − (Σ a / Σ b) B) · K's channel scales, where (Σ a / Σ b) is D' in code units,
+    so the effective dS of dQ, fq(P dP) − D' P̂, sums to zero over each row."""
+    lse2do = lse2 - tl.math.log2(sdo)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
+    # A's row scale: a power of two at or above ||dO_i|| sqrt(d) amax(V) / DS_MAX, which bounds
+    # |P dP| before the sweep (sdo holds V's one scale too: amax(V) = 448 sv).
+    dof = do8.to(tl.float32)
+    root_d = tl.sqrt(tl.full([BLOCK_Q], HEAD_D, tl.float32))
+    a_bound = tl.sqrt(tl.sum(dof * dof, 1)) * sdo * root_d * (448.0 / DS_MAX)
+    a_scale = tl.where(a_bound > 0.0,
+                       tl.math.exp2(tl.math.ceil(tl.math.log2(tl.where(a_bound > 0.0, a_bound, 1.0)))), 1.0)
+    a_inv = tl.math.div_rn(tl.full([BLOCK_Q], 1.0, tl.float32), a_scale)
+    pb_mul = tl.math.div_rn(tl.full([BLOCK_Q], 448.0, tl.float32), sdo)
+    acc_a = tl.zeros([BLOCK_Q, BLOCK_DO], tl.float32)
+    acc_b = tl.zeros([BLOCK_Q, BLOCK_DO], tl.float32)
+    a_sum = tl.zeros([BLOCK_Q], tl.float32)
+    b_sum = tl.zeros([BLOCK_Q], tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    u_i = tl.zeros([BLOCK_Q], tl.float32)
+    w_i = tl.zeros([BLOCK_Q], tl.float32)
+    pmax_i = tl.zeros([BLOCK_Q], tl.float32)
+    pabs_sum = tl.zeros([BLOCK_Q], tl.float32)
+    if HAS_WINDOW:
+        acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum = _dq_sweep_tiles(
+            acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
+            pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, t_lo, f_lo,
+            True, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
+            BLOCK_DO)
+    acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum = _dq_sweep_tiles(
+        acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
+        pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, f_lo, f_hi,
+        False, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
+        BLOCK_DO)
+    if CAUSAL or HAS_WINDOW or not ALIGNED:
+        acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum = _dq_sweep_tiles(
+            acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
+            pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, f_hi, t_hi,
+            True, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
+            BLOCK_DO)
+    empty = l_i == 0.0
+    delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # Σ P'dP' / Σ P' = D / sdo
+    tl.store(LSE2 + stat_off, lse2, mask=stat_ok)
+    tl.store(LSE2DO + stat_off, lse2do, mask=stat_ok)
+    tl.store(DELTA + stat_off, delta_do, mask=stat_ok)
+    if DS_HEAD:
+        bound = tl.where(empty, 0.0, w_i + tl.abs(delta_do) * pmax_i)
+        bits = tl.where(bound != bound, 0x7FFFFFFF, bound.to(tl.int32, bitcast=True))  # NaN as the largest
+        tl.atomic_max(DS_BOUND + seq * H + h, tl.max(tl.where(stat_ok, bits, 0), 0))
+    # A row whose P̂ codes all round to 0 (uniform weight over ~2^17 keys or more) keeps A alone.
+    ratio = tl.where(b_sum > 0.0, a_sum / tl.where(b_sum > 0.0, b_sum, 1.0), 0.0)
+    dq = (acc_a - ratio[:, None] * acc_b) * a_scale[:, None]
+    dq = dq * tl.load(kcs_base + offs_o)[None, :] * tau
+    dq_ptrs = DQ + bh_q * SQ_TOTAL * HEAD_D + rows[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & o_ok[None, :])
+    if DEBUG:  # Σ_j of dQ's effective dS in real units, and Σ_j P|dP|
+        tl.store(DBG_DSSUM + stat_off, (a_sum - ratio * b_sum) * a_scale, mask=stat_ok)
+        tl.store(DBG_PABS + stat_off, pabs_sum, mask=stat_ok)
+
+
+@triton.jit
 def bwd_dq_fp8_kernel(
     QR, QRS, KR, KRS, KCT, KCS, VR, VRS, DOR, DORS,  # quantized operands and their scales
     DO, O, LSE, DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS,
@@ -292,7 +412,7 @@ def bwd_dq_fp8_kernel(
     DEBUG: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SINK: tl.constexpr, DS_HEAD: tl.constexpr,
+    SINK: tl.constexpr, DS_HEAD: tl.constexpr, ONE_SWEEP: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head
@@ -319,7 +439,10 @@ def bwd_dq_fp8_kernel(
     stale delta then runs the statistics loop for the bound alone) folds each row's dS bound
     (:func:`ds_row_bound`) into ``DS_BOUND`` (n_seq·H,) int32 by an atomic max of its fp32 bits
     (non-negative, NaN as 0x7FFFFFFF: order-independent, so deterministic); the GRADS launch
-    quantizes dS with that one scale per (sequence, head) and accumulates dQ in place."""
+    quantizes dS with that one scale per (sequence, head) and accumulates dQ in place.
+
+    ONE_SWEEP (``dq_in_stats``; with STATS, GRADS, MATCHED, KV_HEAD and COL_SEQ, no soft-cap or
+    sink): the statistics and dQ in one sweep over the keys from the forward's LSE (:func:`_dq_sweep`)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -369,6 +492,15 @@ def bwd_dq_fp8_kernel(
     shift = 0.0  # read only with ROW_SHIFT
     if ROW_SHIFT:
         shift = tl.load(SHIFT + stat_off, mask=row_ok, other=0.0)
+    if ONE_SWEEP:
+        lse2 = tl.load(LSE + batch.to(tl.int64) * slb + h.to(tl.int64) * slh + rows * sls,
+                       mask=row_ok, other=float("-inf")) * LOG2E_C
+        _dq_sweep(DQ, LSE2, LSE2DO, DELTA, DBG_DSSUM, DBG_PABS, DS_BOUND, lse2, q8, do8, sq, sdo, row_ok, stat_ok,
+                  pos_q, rows, stat_off, bh_q, seq, h, H, SQ_TOTAL, kr_base, vr_base, krs_base, vrs_base, kct_base,
+                  kcs_base, k_start, k_len, window, SK_PAD, shift, tau, t_lo, f_lo, f_hi, t_hi, o_ok,
+                  HEAD_D, CAUSAL, HAS_WINDOW, DEBUG, ALIGNED, BLOCK_Q, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX,
+                  INTERPRET, ROW_SHIFT, DS_HEAD, BLOCK_DO)
+        return
     if (MATCHED or DS_HEAD) and not STATS:  # a statistics launch ran first
         lse2do = tl.load(LSE2DO + stat_off, mask=row_ok, other=float("-inf"))
         delta_do = tl.load(DELTA + stat_off, mask=row_ok, other=0.0)
