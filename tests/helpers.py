@@ -43,3 +43,26 @@ def make_qkv(b=1, hq=4, hkv=2, sq=128, sk=None, d=64, dtype=torch.bfloat16, seed
         k[..., 3] += 8.0
         k[:, :, 0, :] = 3.0 * q.mean(dim=(1, 2))[:, None, :]
     return tuple(t.to(dtype) for t in (q, k, v, dout))
+
+
+def interpreter_results(script, parts: int | None = None, timeout: float = 600) -> dict:
+    """Run ``python script PART PARTS`` for every part under the Triton interpreter, side by side, and
+    merge the JSON dicts each prints on its last line. The interpreter is single-threaded, so the
+    parts (the script's checks split by index modulo PARTS) default to one per CPU core."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    parts = parts or max(1, min(4, os.cpu_count() or 1))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(script), str(part), str(parts)], env=env, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for part in range(parts)]
+    results = {}
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-4000:]
+        results.update(json.loads(out.strip().splitlines()[-1]))
+    return results

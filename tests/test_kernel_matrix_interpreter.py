@@ -16,14 +16,11 @@ Also here (CPU, no kernels): the GPU matrix's case list covers every axis.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_matrix  # noqa: E402
 
@@ -67,17 +64,19 @@ def _run_case(case) -> dict:
     return result
 
 
-def _run_all() -> dict:
-    return {case.id: _run_case(case) for case in SLICE}
+def _run_all(part: int = 0, parts: int = 1) -> dict:
+    """The slice's cases whose index is ``part`` modulo ``parts`` (all of them by default)."""
+    return {case.id: _run_case(case) for i, case in enumerate(SLICE) if i % parts == part}
 
 
 @pytest.fixture(scope="module")
 def slice_results():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from helpers import interpreter_results
+
+    results = interpreter_results(__file__)  # one process per CPU core
+    assert len(results) == len(SLICE)
+    return results
 
 
 @pytest.mark.parametrize("case", SLICE, ids=lambda c: c.id)
@@ -123,7 +122,7 @@ def test_new_recipes_join_the_matrix(monkeypatch):
 
 
 if __name__ == "__main__":
-    print(json.dumps(_run_all()))
+    print(json.dumps(_run_all(*map(int, sys.argv[1:3]))))
 
 
 def test_noise_bounds_are_the_base_bounds_on_large_problems():
