@@ -30,11 +30,13 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
 from hf_fp8_attention.kernels.backward import LAUNCH, triton_backward  # noqa: E402
 from hf_fp8_attention.kernels.forward import triton_forward  # noqa: E402
 from hf_fp8_attention.kernels.operands import backward_block_free  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_names import recipe_config  # noqa: E402
 
 # (BLOCK_Q, BLOCK_K, num_warps, num_stages) per launch. The dK/dV launches hold (BLOCK_K, BLOCK_Q)
 # tiles and a (BLOCK_K, D) accumulator each: 128 keys need 8 warps at D = 128.
@@ -70,8 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", type=int, default=1)
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     a = ap.parse_args(argv)
-    name, _, flag = a.recipe.partition("+")
-    cfg = FP8AttentionConfig.from_recipe(name, **({flag: True} if flag else {}))
+    cfg = recipe_config(a.recipe)
     dq_side = ("dq_sweep",) if cfg.dq_in_stats else ("dq_stats", "dq")
     if not backward_block_free(cfg):
         raise SystemExit(f"{a.recipe}: its backward is bound to its blocks; nothing to tile freely")

@@ -44,9 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_names import CONFIG_FLAGS, recipe_config  # noqa: E402
+
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
-CONFIG_FLAGS = ("dq_in_stats",)  # boolean recipe options a config name may switch on
 SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
 
@@ -80,9 +82,8 @@ def parse_args(argv=None):
         p.error(f"unknown configs or modifiers {sorted(bad)}; choose from {sorted(RECIPES)}, "
                 f"each optionally with +{' / +'.join((*LOGIT_MODS, *CONFIG_FLAGS))}")
     for c in args.configs:
-        recipe, *mods = c.split("+")
         try:
-            _recipe_config(recipe, mods)
+            recipe_config(c, skip=LOGIT_MODS)
         except ValueError as err:
             p.error(f"--configs {c}: {err}")
     bad = set(args.dims) - set(SUPPORTED_HEAD_DIMS)
@@ -121,16 +122,10 @@ def _sdpa_fn(backend_name, causal):
     return run
 
 
-def _recipe_config(recipe: str, mods: list[str]):
-    """The recipe's config with the ``CONFIG_FLAGS`` among ``mods`` switched on."""
-    flags = {m: True for m in mods if m in CONFIG_FLAGS}
-    return RECIPES[recipe].replace(**flags) if flags else RECIPES[recipe]
-
-
 def _ours_fn(name, causal):
     """``name``: a recipe, optionally with ``+softcap`` / ``+sinks`` / ``+dq_in_stats`` (module docstring)."""
-    recipe, *mods = name.split("+")
-    cfg = _recipe_config(recipe, mods)
+    mods = name.split("+")[1:]
+    cfg = recipe_config(name, skip=LOGIT_MODS)
     softcap = SOFTCAP if "softcap" in mods else None
     sinks = {}  # per head count, made once: (H,) fp32 sink logits
 

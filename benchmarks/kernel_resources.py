@@ -30,6 +30,9 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recipe_names import recipe_config  # noqa: E402
 
 # Hopper: 227 KB of shared memory per block (232448 bytes), 255 registers per thread.
 SMEM_LIMIT = 232448
@@ -212,7 +215,6 @@ def _offline_inputs(d: int, mask_kind: str, seq: int):
 
 def offline_main(args) -> None:
     os.environ.pop("TRITON_INTERPRET", None)
-    from hf_fp8_attention import RECIPES
     from hf_fp8_attention.kernels import backward, forward
 
     # The host code asks the device two things: TMA (sm_90 has it) and the SM count (H200: 132).
@@ -240,8 +242,7 @@ def offline_main(args) -> None:
                     for mask_kind in args.masks:
                         comp.context = dict(d=d, recipe=recipe, mask=mask_kind)
                         q, k, v, do, mask = _offline_inputs(d, mask_kind, args.seq)
-                        name, _, flag = recipe.partition("+")  # "recipe+flag": a boolean option on
-                        config = RECIPES[name].replace(**{flag: True}) if flag else RECIPES[name]
+                        config = recipe_config(recipe)
                         scale = d ** -0.5
                         out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config)
                         backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)

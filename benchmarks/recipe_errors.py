@@ -50,10 +50,19 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref).norm() / ref.norm())
 
 
+def emulate(q, k, v, do, config: FP8AttentionConfig):
+    """One causal fwd+bwd of the emulation at the fixture's scale: ``(out, (dq, dk, dv), internals)``,
+    ``internals`` the backward's :class:`~hf_fp8_attention.reference.BackwardInternals` (P, dP, D, dS)."""
+    mask = MaskSpec(causal=True)
+    out, lse = emulated_forward(q, k, v, scale=SCALE, mask=mask, config=config)
+    grads, (internals,) = emulated_backward(q, k, v, out, lse, do, scale=SCALE, mask=mask, config=config,
+                                            return_internals=True)
+    return out, grads, internals
+
+
 def recipe_errors(q, k, v, do, config: FP8AttentionConfig, exact) -> dict[str, float]:
     """Relative errors of one recipe (emulation, or the kernels for CUDA inputs) against ``exact``
     ``(out, dq, dk, dv)``, and the emulation's median zero-row-sum residual."""
-    mask = MaskSpec(causal=True)
     if q.is_cuda:
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
         out = fp8_attention(qg, kg, vg, causal=True, scale=SCALE, config=config)
@@ -61,10 +70,8 @@ def recipe_errors(q, k, v, do, config: FP8AttentionConfig, exact) -> dict[str, f
         grads = (qg.grad, kg.grad, vg.grad)
         residual = float("nan")
     else:
-        out, lse = emulated_forward(q, k, v, scale=SCALE, mask=mask, config=config)
-        grads, internals = emulated_backward(q, k, v, out, lse, do, scale=SCALE, mask=mask, config=config,
-                                             return_internals=True)
-        residual = float(row_sum_residual(internals).median())
+        out, grads, internals = emulate(q, k, v, do, config)
+        residual = float(row_sum_residual([internals]).median())
     names = ("O", "dQ", "dK", "dV")
     errors = {n: rel(x, r) for n, x, r in zip(names, (out, *grads), exact)}
     errors["residual"] = residual

@@ -5,6 +5,12 @@ and justified once, in :mod:`hf_fp8_attention.diagnostics`; ``check``'s self-tes
 A broken tile, scale or mask gives O(1) errors, far outside it; exact agreement with the kernels is
 checked separately (same quantization, tight bounds).
 """
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from hf_fp8_attention.diagnostics import FP8_ERROR_BUDGET as BUDGET
@@ -49,12 +55,6 @@ def interpreter_results(script, parts: int | None = None, timeout: float = 600) 
     """Run ``python script PART PARTS`` for every part under the Triton interpreter, side by side, and
     merge the JSON dicts each prints on its last line. The interpreter is single-threaded, so the
     parts (the script's checks split by index modulo PARTS) default to one per CPU core."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     parts = parts or max(1, min(4, os.cpu_count() or 1))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))

@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from recipe_errors import DEFAULT_FIXTURE, SCALE, load_layers, rel  # noqa: E402
+from recipe_errors import DEFAULT_FIXTURE, SCALE, emulate, load_layers, rel  # noqa: E402
 
 from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.config import FP8Format  # noqa: E402
@@ -39,7 +39,7 @@ from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.quant import compute_scales  # noqa: E402
 from hf_fp8_attention.reference import (  # noqa: E402
-    _fq_col, _fq_row, _grouped, _rows_times, _scores, emulated_backward, emulated_forward, fp8_round)
+    _fq_col, _fq_row, _grouped, _rows_times, _scores, fp8_round)
 
 E4M3 = FP8Format.E4M3
 
@@ -83,9 +83,7 @@ def main(argv=None) -> int:
         exact_dq = exact_attention_grads(q, k, v, do, scale=SCALE, mask=mask)[1]
         for name in a.recipes:
             config = RECIPES[name].replace(backend="emulation")
-            out, lse = emulated_forward(q, k, v, scale=SCALE, mask=mask, config=config)
-            (dq_emul, _, _), (internals,) = emulated_backward(q, k, v, out, lse, do, scale=SCALE, mask=mask,
-                                                              config=config, return_internals=True)
+            _, (dq_emul, _, _), internals = emulate(q, k, v, do, config)
             hkv = k.shape[1]
             pr = internals.p
             k_op = _fq_col(k.float(), config.k_format, config.block_k, config)

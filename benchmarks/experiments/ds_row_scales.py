@@ -24,14 +24,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
-from recipe_errors import DEFAULT_FIXTURE, SCALE, load_layers, rel  # noqa: E402
+from recipe_errors import DEFAULT_FIXTURE, SCALE, emulate, load_layers, rel  # noqa: E402
 
 from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.config import FP8Format  # noqa: E402
 from hf_fp8_attention.quant import compute_scales, fake_quantize  # noqa: E402
-from hf_fp8_attention.reference import _fq_col, _rows_times, emulated_backward, emulated_forward  # noqa: E402
+from hf_fp8_attention.reference import _fq_col, _rows_times  # noqa: E402
 
 
 def with_scale(x: torch.Tensor, amax: torch.Tensor, fmt: FP8Format = FP8Format.E4M3) -> torch.Tensor:
@@ -49,10 +49,10 @@ def main(argv=None) -> int:
     for layer, (q, k, v, do) in load_layers(DEFAULT_FIXTURE, 1024).items():
         exact_dq = exact_attention_grads(q, k, v, do, scale=SCALE, mask=mask)[1]
         for name in a.recipes:
-            config = RECIPES[name].replace(backend="emulation")
-            out, lse = emulated_forward(q, k, v, scale=SCALE, mask=mask, config=config)
-            (dq_emul, _, _), (internals,) = emulated_backward(q, k, v, out, lse, do, scale=SCALE, mask=mask,
-                                                              config=config, return_internals=True)
+            # dS per tile, the recipes' scaling when this was measured (fp8_delta_fast has since
+            # taken ds_scales="head"): the "tile" column is then the emulation's own dQ.
+            config = RECIPES[name].replace(backend="emulation", ds_scales="tile")
+            _, (dq_emul, _, _), internals = emulate(q, k, v, do, config)
             ds, pr, dp, delta = internals.ds, internals.p, internals.dp, internals.delta
             ks = _fq_col(k.float(), config.k_format, config.block_k, config)
             bound = (pr * dp.abs()).amax(-1, keepdim=True) + delta.abs()[..., None] * pr.amax(-1, keepdim=True)

@@ -315,14 +315,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     mod_meta = mods.meta()
     # ds_scales "head": the statistics launch folds each row's dS bound into one value per (sequence,
     # query head) (an atomic max of fp32 bits, see bwd_dq_fp8_kernel) before any launch reads it,
-    # so the statistics always have a launch of their own, for the stale delta too.
+    # so the statistics always have a launch of their own, for the stale delta too (dq_in_stats: the
+    # one sweep forms them with dQ, and folds the bound as that launch does).
     ds_head = config.ds_scales is Granularity.HEAD
     ds_bound = torch.zeros(n_seq * hq, dtype=torch.int32, device=q.device) if ds_head else lse2
     one_sweep = config.dq_in_stats
-    split_stats = ((matched and LAUNCH["split_dq_stats"]) or ds_head) and not one_sweep
     if one_sweep:
         dq_passes = ((True, True, "dq_sweep"),)
-    elif split_stats:
+    elif (matched and LAUNCH["split_dq_stats"]) or ds_head:
         dq_passes = ((True, False, "dq_stats"), (False, True, "dq"))
     else:
         dq_passes = ((True, True, "dq"),)

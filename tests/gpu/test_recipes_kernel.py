@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from helpers import make_qkv, rel_err  # noqa: E402
+from recipe_names import recipe_config  # noqa: E402
 from test_forward_kernel import _pinned_launch, lse_bound  # noqa: E402,F401  (autouse fixture)
 
 from hf_fp8_attention import RECIPES  # noqa: E402
@@ -29,14 +30,10 @@ from hf_fp8_attention.reference import emulated_backward, emulated_forward  # no
 pytestmark = pytest.mark.gpu
 
 O_REL, GRAD_REL = 1e-2, 1e-2  # LSE: test_forward_kernel.lse_bound
-# "name+flag": the recipe with a boolean option switched on (dq_in_stats: dQ in the statistics sweep).
+# "name+flag": the recipe with a boolean option switched on (benchmarks/recipe_names.py;
+# dq_in_stats: dQ in the statistics sweep).
 KERNEL_RECIPES = ("fp8_delta", "fp8_stale", "fp8_delta_fast", "fp8_stale_fast", "fp8_delta_tile", "hybrid_delta",
                   "fp8_delta_fast+dq_in_stats")
-
-
-def _config(recipe: str):
-    name, _, flag = recipe.partition("+")
-    return RECIPES[name].replace(**{flag: True}) if flag else RECIPES[name]
 
 SHAPES = {
     # name: ((B, Hq, Hkv, Sq, Sk, D), causal, window, packed cu_seqlens or None)
@@ -72,7 +69,7 @@ def test_kernels_match_emulation(recipe, shape):
     from hf_fp8_attention.kernels.forward import triton_forward
 
     dims, causal, window, cu = SHAPES[shape]
-    config = _config(recipe)
+    config = recipe_config(recipe)
     q, k, v, do = make_qkv(*dims, dtype=torch.float32, seed=7)
     scale = dims[-1] ** -0.5
     mask_cpu, mask_gpu = _mask(causal, window, cu, "cpu"), _mask(causal, window, cu, "cuda")
@@ -97,7 +94,7 @@ def test_packed_sequences_keep_their_own_scales(recipe, d):
     are those it gets alone (scales crossing the boundary would flush it to zero codes)."""
     from hf_fp8_attention import fp8_attention
 
-    config = _config(recipe)
+    config = recipe_config(recipe)
     small = [t.cuda() for t in make_qkv(hq=4, hkv=2, sq=300, d=d, dtype=torch.bfloat16, seed=1)]
     large = [t.cuda() * (1000 if i < 3 else 1)
              for i, t in enumerate(make_qkv(hq=4, hkv=2, sq=500, d=d, dtype=torch.bfloat16, seed=2))]
@@ -123,7 +120,7 @@ def test_fixture_errors_of_the_kernels_match_the_emulation():
     for layer, tensors in load_layers(DEFAULT_FIXTURE, 1024).items():
         exact = exact_attention_grads(*tensors[:3], tensors[3], scale=SCALE, mask=MaskSpec(causal=True))
         for name in ("fp8_delta", "fp8_delta_fast", "fp8_delta_fast+dq_in_stats"):
-            emu = recipe_errors(*tensors, _config(name).replace(backend="emulation"), exact)
-            gpu = recipe_errors(*(t.cuda() for t in tensors), _config(name), tuple(t.cuda() for t in exact))
+            emu = recipe_errors(*tensors, recipe_config(name).replace(backend="emulation"), exact)
+            gpu = recipe_errors(*(t.cuda() for t in tensors), recipe_config(name), tuple(t.cuda() for t in exact))
             for key in ("O", "dQ", "dK", "dV"):
                 assert abs(gpu[key] - emu[key]) <= 0.05 * emu[key], (layer, name, key, gpu[key], emu[key])

@@ -1,0 +1,24 @@
+"""Recipe names with options, as the benchmarks take them: ``recipe+flag`` is the named recipe
+(:data:`hf_fp8_attention.RECIPES`) with a boolean config option switched on, e.g.
+``fp8_delta_fast+dq_in_stats``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+
+CONFIG_FLAGS = ("dq_in_stats",)  # the boolean options a name may switch on
+
+
+def recipe_config(name: str, *, skip: tuple[str, ...] = ()) -> FP8AttentionConfig:
+    """The config ``recipe[+flag...]`` names; parts in ``skip`` (a caller's own modifiers, such as
+    bench_attention.py's logit modifiers) are left to the caller. A ValueError names an unknown
+    recipe or part, or a combination the config refuses."""
+    recipe, *parts = name.split("+")
+    unknown = [p for p in parts if p not in CONFIG_FLAGS and p not in skip]
+    if unknown:
+        raise ValueError(f"{name}: unknown option(s) {unknown}; known: {', '.join(CONFIG_FLAGS + skip)}")
+    return FP8AttentionConfig.from_recipe(recipe, **{p: True for p in parts if p in CONFIG_FLAGS})
