@@ -158,7 +158,8 @@ class FP8AttentionConfig:
     B = P̂ K (P on the fixed grid), both accumulated over the keys before D is known, and
     D'_i = Σ_j fq(P ∘ dP)_ij / Σ_j P̂_ij, so that the dS dQ is formed from sums to zero over each row.
     P is normalised by the forward's LSE and the dK / dV launch's D_i = Σ_j P_ij dP_ij / Σ_j P_ij
-    (zero row sums for any normaliser). One launch and one matmul-equivalent fewer. Needs the
+    (zero row sums for any normaliser). One launch and one matmul-equivalent fewer: 1-5% of the
+    backward at head dim 128 on the H200, nothing or a loss at 64 (benchmarks/NOTES.md). Needs the
     matched delta, the FP8 backward, ``kv_scales="head"``, ``p_scales="fixed"`` and sequence-wide
     channel scales (not ``"tile"``); calls with a soft-cap or sinks are refused.
 

@@ -309,6 +309,8 @@ def _dq_from_stats(p: torch.Tensor, dp: torch.Tensor, k_col: torch.Tensor, dog: 
     """dQ / τ ``(B, Hkv, G, Sq, D)`` as ``dq_in_stats`` forms it in the statistics sweep (the config's
     docstring): A − D'·B from P, dP ``(B, Hkv, G, Sq, Sk)``, K's token-contraction operand ``k_col``
     ``(B, Hkv, Sk, D)`` and the dP operands' inputs ``dog (B, Hkv, G, Sq, D)``, ``v (B, Hkv, Sk, D)``."""
+    if k_col.shape[-2] == 0:  # an empty packed sequence, or rows without keys: dQ is zero
+        return dog.new_zeros(p.shape[:-1] + k_col.shape[-1:])
     do_op = _fq_row(dog, config.do_format, config.qdo_scales, config)
     v_op = _fq_row(v.float(), config.v_format, config.kv_scales, config)
     # |P_ij dP_ij| <= |dP_ij| <= ||dO_i|| ||V_j|| <= ||dO_i|| sqrt(d) amax(V) (P <= 1), known before

@@ -96,13 +96,16 @@ LAUNCH = {
     "split_dkdv": True,
     "dq_stats": {"num_warps": 4, "num_stages": 3},
     "dq": {"num_warps": 4, "num_stages": 3},
-    "dq_sweep": {"num_warps": 4, "num_stages": 2},
+    "dq_sweep": {"num_warps": 4, "num_stages": 3},
     "dk": {"num_warps": 4, "num_stages": 3},
     "dv": {"num_warps": 4, "num_stages": 3},
     "dkdv": {"num_warps": 4, "num_stages": 3},
     "free_tile": {"dq": 64, "dq_stats": 64, "dq_sweep": 64, "dkdv": 64, "dk": 64, "dv": 64},
     "block_free": {"dq_stats": (64, 64), "dq": (64, 64), "dq_sweep": (64, 64), "dkdv": (32, 64), "dk": (64, 64),
                    "dv": (128, 64), "split_dkdv": False},
+    # Up to head dim 64 the fused dK/dV launch has the registers for 64 x 64 tiles: 12-15% faster
+    # there, 15% slower at 128 (backward_tiles.py, benchmarks/NOTES.md "Backward").
+    "block_free_d64": {"dkdv": (64, 64)},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
@@ -328,7 +331,7 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
         dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
     for stats, grads, launch in dq_passes:
-        tq, tk = _tiles(table, launch, free, config, query_side=True)
+        tq, tk = _tiles(table, launch, free, config, dp, query_side=True)
         bdo = _channel_block(table, launch, dp)
         _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, tq), n_seq * hq, dp // bdo), launch, dp, (
             qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
@@ -344,7 +347,7 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
     passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
-        tq, tk = _tiles(table, launch, free, config, query_side=False)
+        tq, tk = _tiles(table, launch, free, config, dp, query_side=False)
         bdo = _channel_block(table, launch, dp)
         _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, tk), n_seq * hkv, dp // bdo), launch, dp, (
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
@@ -358,11 +361,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
         ))
 
 
-def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, *, query_side: bool) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_K) of ``launch``: the table's ``block_free`` pair where the recipe's backward
-    is block-free and the table names one; else the free tile on the launch's own side (query rows
+def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, dp: int, *,
+           query_side: bool) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_K) of ``launch``: the table's ``block_free`` pair (``block_free_d64``'s at
+    padded head dim ``dp`` <= 64) where the recipe's backward is block-free and the table names
+    one; else the free tile on the launch's own side (query rows
     of the dQ launches, key rows of the dK/dV ones) and the recipe's block on the other."""
-    pair = table.get("block_free", {}).get(launch) if free else None
+    small = table.get("block_free_d64", {}) if dp <= 64 else {}
+    pair = small.get(launch, table.get("block_free", {}).get(launch)) if free else None
     if pair is not None:
         return pair
     if query_side:
