@@ -104,7 +104,7 @@ LAUNCH = {
     "block_free": {"dq_stats": (64, 64), "dq": (64, 64), "dq_sweep": (64, 64), "dkdv": (32, 64), "dk": (64, 64),
                    "dv": (128, 64), "split_dkdv": False},
     # Up to head dim 64 the fused dK/dV launch has the registers for 64 x 64 tiles: 12-15% faster
-    # there, 15% slower at 128 (backward_tiles.py, benchmarks/NOTES.md "Backward").
+    # there, 12% slower at 128 (backward_tiles.py, benchmarks/NOTES.md "Backward").
     "block_free_d64": {"dkdv": (64, 64)},
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
