@@ -37,7 +37,8 @@ folded into LSE' and D there (see that module's docstring).
 With ``ds_scales="head"`` (the fast recipes) dS takes one scale per (sequence, query head) in both
 dQ and dK, from a bound the statistics launch forms and folds per head (the stale delta then runs
 that launch too); a recipe whose backward no block binds (``operands.backward_block_free``) takes
-its tiles from ``LAUNCH["block_free"]`` instead of the recipe's blocks. ``config.dq_in_stats``
+its tiles from ``LAUNCH["block_free"]`` (``LAUNCH["block_free_d64"]`` overriding it up to head dim 64)
+instead of the recipe's blocks. ``config.dq_in_stats``
 forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``: dQ = A − D'·B from the forward's
 LSE, see the config's docstring), so LSE'/D and dQ no longer take two.
 
