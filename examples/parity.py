@@ -82,9 +82,11 @@ DEFAULTS = {
                      gradient_checkpointing=False),
     },
     "extend": {
-        "gpu": dict(base_len=2048, factor=4.0, batch_size=1, grad_accum=4, max_steps=500, lr=3e-5, lora_lr=3e-4,
-                    warmup_steps=25, eval_every=50, probe_every=100, save_every=50, eval_blocks=16,
-                    variants="full", gradient_checkpointing=True, probe_layers=8),
+        # 250 steps x 4 x 8192 = 8.2M tokens, phase 1's count, so that the six modes, side by side on
+        # one GPU, finish within one 30-minute machine slot (a run's checkpoint cannot leave the machine).
+        "gpu": dict(base_len=2048, factor=4.0, batch_size=1, grad_accum=4, max_steps=250, lr=3e-5, lora_lr=3e-4,
+                    warmup_steps=25, eval_every=50, probe_every=50, save_every=50, eval_blocks=16,
+                    variants="full", gradient_checkpointing=False, probe_layers=8),
         "tiny": dict(base_len=32, factor=4.0, batch_size=2, grad_accum=1, max_steps=4, lr=1e-3, lora_lr=4e-3,
                      warmup_steps=1, eval_every=2, probe_every=2, save_every=2, eval_blocks=4, variants="full",
                      gradient_checkpointing=True, probe_layers=None),

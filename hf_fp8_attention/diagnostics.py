@@ -130,23 +130,37 @@ def diagnose(
 
     Args:
         q: ``(B, Hq, S, D)``; k, v: ``(B, Hkv, S, D)``; dout: like q. Any float dtype and device
-            (the emulation runs wherever the tensors are; its memory is O(B·Hq·Sq·Sk) fp32).
+            (the emulation runs wherever the tensors are; its memory is O(B·(Hq/Hkv)·Sq·Sk): one kv
+            head's group at a time).
         softcap, sinks ``(Hq,)``: the logit modifiers of :func:`hf_fp8_attention.fp8_attention`;
             with sinks ``rel_err`` also has ``"dsinks"``, measured by :func:`sink_grad_error`.
     """
     config = config or FP8AttentionConfig()
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = MaskSpec(causal=causal, window=window)
-    mods = dict(softcap=softcap, sinks=None if sinks is None else sinks.float())
-    out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config, **mods)
-    grads, internals = reference.emulated_backward(
-        q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, return_internals=True, **mods
-    )
-    dq, dk, dv = grads[:3]
-    exact = exact_attention_grads(q, k, v, dout, scale=scale, mask=mask, **mods)
-    rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), exact)}
+    # One kv head's group of query heads at a time: every recipe's scales, shifts and rotations are
+    # per head, so the split changes no number and bounds the O(Hq·Sq·Sk) memory by one group's
+    # (the sinks' gradient error, measured over all heads at once, aside).
+    hkv = k.shape[1]
+    group = q.shape[1] // hkv
+    parts = []
+    for h in range(hkv):
+        qh, kh, vh, dh = q[:, h * group:(h + 1) * group], k[:, h:h + 1], v[:, h:h + 1], dout[:, h * group:(h + 1) * group]
+        mods = dict(softcap=softcap, sinks=None if sinks is None else sinks[h * group:(h + 1) * group].float())
+        out, lse = reference.emulated_forward(qh, kh, vh, scale=scale, mask=mask, config=config, **mods)
+        grads, internals = reference.emulated_backward(
+            qh, kh, vh, out, lse, dh, scale=scale, mask=mask, config=config, return_internals=True, **mods
+        )
+        exact = exact_attention_grads(qh, kh, vh, dh, scale=scale, mask=mask, **mods)
+        parts.append(((out, *grads[:3]), exact[:4], row_sum_residual(internals), grads[3] if sinks is not None else None))
+        del internals
+    approx = [torch.cat([p[0][i] for p in parts], dim=1) for i in range(4)]
+    exact = [torch.cat([p[1][i] for p in parts], dim=1) for i in range(4)]
+    rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), approx, exact)}
     if sinks is not None:
-        rel["dsinks"] = sink_grad_error(grads[3], q, k, v, dout, scale=scale, mask=mask, **mods)
+        dsinks = torch.cat([p[3] for p in parts])
+        rel["dsinks"] = sink_grad_error(dsinks, q, k, v, dout, scale=scale, mask=mask, softcap=softcap, sinks=sinks.float())
     return DiagnosticsReport(
-        row_sum_residual=row_sum_residual(internals), key_shift_residual=key_shift_residual(dk), rel_err=rel
+        row_sum_residual=torch.cat([p[2] for p in parts]), key_shift_residual=key_shift_residual(approx[2]),
+        rel_err=rel
     )
