@@ -145,21 +145,24 @@ def diagnose(
     group = q.shape[1] // hkv
     parts = []
     for h in range(hkv):
-        qh, kh, vh, dh = q[:, h * group:(h + 1) * group], k[:, h:h + 1], v[:, h:h + 1], dout[:, h * group:(h + 1) * group]
-        mods = dict(softcap=softcap, sinks=None if sinks is None else sinks[h * group:(h + 1) * group].float())
+        heads = slice(h * group, (h + 1) * group)
+        qh, kh, vh, dh = q[:, heads], k[:, h:h + 1], v[:, h:h + 1], dout[:, heads]
+        mods = dict(softcap=softcap, sinks=None if sinks is None else sinks[heads].float())
         out, lse = reference.emulated_forward(qh, kh, vh, scale=scale, mask=mask, config=config, **mods)
         grads, internals = reference.emulated_backward(
             qh, kh, vh, out, lse, dh, scale=scale, mask=mask, config=config, return_internals=True, **mods
         )
         exact = exact_attention_grads(qh, kh, vh, dh, scale=scale, mask=mask, **mods)
-        parts.append(((out, *grads[:3]), exact[:4], row_sum_residual(internals), grads[3] if sinks is not None else None))
+        dsinks = grads[3] if sinks is not None else None
+        parts.append(((out, *grads[:3]), exact[:4], row_sum_residual(internals), dsinks))
         del internals
     approx = [torch.cat([p[0][i] for p in parts], dim=1) for i in range(4)]
     exact = [torch.cat([p[1][i] for p in parts], dim=1) for i in range(4)]
     rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), approx, exact)}
     if sinks is not None:
         dsinks = torch.cat([p[3] for p in parts])
-        rel["dsinks"] = sink_grad_error(dsinks, q, k, v, dout, scale=scale, mask=mask, softcap=softcap, sinks=sinks.float())
+        rel["dsinks"] = sink_grad_error(dsinks, q, k, v, dout, scale=scale, mask=mask, softcap=softcap,
+                                        sinks=sinks.float())
     return DiagnosticsReport(
         row_sum_residual=torch.cat([p[2] for p in parts]), key_shift_residual=key_shift_residual(approx[2]),
         rel_err=rel
