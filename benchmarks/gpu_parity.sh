@@ -4,13 +4,13 @@
 #   OUT=/tmp/out RUNS=/tmp/parity bash benchmarks/gpu_parity.sh PHASE MINUTES [examples/parity.py flags]
 # e.g.  ... gpu_parity.sh extend 9 --model /tmp/smollm2-135m-instruct.q4_1
 #       ... gpu_parity.sh ladder 9 --sizes 120m --seeds 0
-# Console logs go to $OUT/PHASE_<mode>.log. Starts are 5 s apart so that the runs' step-0 probes
-# (the heaviest moment of a run) do not all fall together. MODES overrides the mode list.
+# Console logs go to $OUT/PHASE_<mode>.log. Starts are 5 s apart, spreading the processes' start-up
+# (corpus tokenization, model loading) over the host's CPUs. MODES overrides parity.py's mode list.
 set -u
 phase=$1 minutes=$2; shift 2
 : "${OUT:?set OUT}" "${RUNS:?set RUNS (the run folders; keep them between jobs on the same machine)}"
 source "$(dirname "$0")/gpu_env.sh"
-modes=${MODES:-sdpa fp8_delta fp8_stale fp8_delta_fast hybrid_delta hybrid_stale}
+modes=${MODES:-$(cd examples && python -c "from parity import MODES; print(*MODES)")}
 for m in $modes; do
   python examples/parity.py "$phase" --modes "$m" --out-dir "$RUNS" --max-minutes "$minutes" --no-progress "$@" \
     > "$OUT/${phase}_$m.log" 2>&1 &

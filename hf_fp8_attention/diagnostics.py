@@ -143,7 +143,7 @@ def diagnose(
     # (the sinks' gradient error, measured over all heads at once, aside).
     hkv = k.shape[1]
     group = q.shape[1] // hkv
-    parts = []
+    approx, exact, rows, dsinks = [], [], [], []  # per group: (out, dq, dk, dv), their exact twins
     for h in range(hkv):
         heads = slice(h * group, (h + 1) * group)
         qh, kh, vh, dh = q[:, heads], k[:, h:h + 1], v[:, h:h + 1], dout[:, heads]
@@ -152,18 +152,19 @@ def diagnose(
         grads, internals = reference.emulated_backward(
             qh, kh, vh, out, lse, dh, scale=scale, mask=mask, config=config, return_internals=True, **mods
         )
-        exact = exact_attention_grads(qh, kh, vh, dh, scale=scale, mask=mask, **mods)
-        dsinks = grads[3] if sinks is not None else None
-        parts.append(((out, *grads[:3]), exact[:4], row_sum_residual(internals), dsinks))
-        del internals
-    approx = [torch.cat([p[0][i] for p in parts], dim=1) for i in range(4)]
-    exact = [torch.cat([p[1][i] for p in parts], dim=1) for i in range(4)]
+        approx.append((out, *grads[:3]))
+        exact.append(exact_attention_grads(qh, kh, vh, dh, scale=scale, mask=mask, **mods)[:4])
+        rows.append(row_sum_residual(internals))
+        if sinks is not None:
+            dsinks.append(grads[3])
+        del internals  # the group's S x S tensors, freed before the next group allocates its own
+    approx = [torch.cat(t, dim=1) for t in zip(*approx)]
+    exact = [torch.cat(t, dim=1) for t in zip(*exact)]
     rel = {name: _rel_err(x, ref) for name, x, ref in zip(("out", "dq", "dk", "dv"), approx, exact)}
     if sinks is not None:
-        dsinks = torch.cat([p[3] for p in parts])
-        rel["dsinks"] = sink_grad_error(dsinks, q, k, v, dout, scale=scale, mask=mask, softcap=softcap,
+        rel["dsinks"] = sink_grad_error(torch.cat(dsinks), q, k, v, dout, scale=scale, mask=mask, softcap=softcap,
                                         sinks=sinks.float())
     return DiagnosticsReport(
-        row_sum_residual=torch.cat([p[2] for p in parts]), key_shift_residual=key_shift_residual(approx[2]),
+        row_sum_residual=torch.cat(rows), key_shift_residual=key_shift_residual(approx[2]),
         rel_err=rel
     )
