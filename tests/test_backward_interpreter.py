@@ -363,6 +363,29 @@ def test_block_free_recipe_tiles_freely(name, fused, monkeypatch):
         assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
 
 
+# The fused dK/dV launch on the fixed grid forms dS from dV's 448·P times dO's row scale / 448 (one
+# exponential per element); the fast recipe takes that scale per head, these per query.
+ONE_EXP_CASES = {
+    # per-token Q, K, V, dO (V's scale per key in dP), dS per head, a window: block-free, so fused
+    "token_rows_ds_head_window": ((1, 2, 1, 19, 19, 64), {"window": 5}, {"p_scales": "fixed", "ds_scales": "head"}),
+    # K and V per head, dS per tile (its scales taken after the per-query factor), fused by the table
+    "kv_head_ds_tile_causal": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"kv_scales": "head", "p_scales": "fixed"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_EXP_CASES))
+def test_fused_dkdv_on_the_fixed_grid_with_per_query_row_scales(name, monkeypatch):
+    shape, mask_kw, cfg_kw = ONE_EXP_CASES[name]
+    config = FP8AttentionConfig(**TILES, **cfg_kw)
+    monkeypatch.setitem(kernels.LAUNCH, "prequant", True)
+    monkeypatch.setitem(kernels.LAUNCH, "split_dkdv", False)
+    monkeypatch.setitem(kernels.LAUNCH, "block_free", {**BLOCK_FREE_TILES, "split_dkdv": False})
+    (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config)
+    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert torch.isfinite(x).all(), label
+        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+
+
 def test_prequant_interior_tiles_keep_the_debug_row_sums(monkeypatch):
     shape, mask_kw, (bm, bn) = SPLIT_CASES["causal_window"]
     monkeypatch.setitem(kernels.LAUNCH, "prequant", True)

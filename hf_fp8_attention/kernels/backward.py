@@ -351,13 +351,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
         tq, tk = _tiles(table, launch, free, config, dp, query_side=False)
         bdo = _channel_block(table, launch, dp)
         _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, tk), n_seq * hkv, dp // bdo), launch, dp, (
-            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, doct, docs,
+            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
             lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2, ds_bound,
             hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
             float(scale), softcap2), dict(
             **common, BLOCK_Q=tq, BLOCK_K=tk, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
             ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta,
-            P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
+            P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head,
+            QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
             **COMPILE_OPTIONS,
         ))
 

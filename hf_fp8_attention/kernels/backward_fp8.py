@@ -239,13 +239,18 @@ def _dq_tiles(
     offs_n0 = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
+    # DS_HEAD: dS's reciprocal scale joins P's exponent (one multiply per element fewer); the
+    # DEBUG row sums need dS itself.
+    lse_p = lse2do
+    if DS_HEAD and not DEBUG:
+        lse_p = lse2do - tl.math.log2(ds_inv)
     for t in range(t_lo, t_hi):
         offs_n = t * BLOCK_K + offs_n0
         col_ok = offs_n < k_len  # read only if MASKED
         keys = k_start + offs_n
         s, dp = _scores(q8, do8, sq, kr_base, vr_base, krs_base, vrs_base, keys, col_ok,
                         offs_d, shift, cap, BLOCK_D, MASKED, KV_HEAD, INTERPRET, ROW_SHIFT, SOFTCAP)
-        p = tl.math.exp2(s - lse2do[:, None])  # P' = P · sdo; with dP' below, P' dP' = P dP
+        p = tl.math.exp2(s - lse_p[:, None])  # P' = P · sdo (· 1/dS's scale); P' dP' = P dP
         if MASKED:
             vis = visible(row_ok[:, None] & col_ok[None, :], pos_q[:, None], offs_n[None, :], window,
                            CAUSAL, HAS_WINDOW)
@@ -264,7 +269,9 @@ def _dq_tiles(
         # accumulates dQ in place.
         kct = _cols_t(kct_base, keys, col_ok, offs_o, SK_PAD, MASKED)
         if DS_HEAD:
-            ds8 = cast_saturating(ds * ds_inv, DS_MAX, DS_DTYPE, INTERPRET)
+            if DEBUG:
+                ds = ds * ds_inv
+            ds8 = cast_saturating(ds, DS_MAX, DS_DTYPE, INTERPRET)
             if COL_SEQ:
                 dq = tl.dot(ds8, tl.trans(kct), dq, out_dtype=tl.float32)
             else:
@@ -590,14 +597,14 @@ def bwd_dq_fp8_kernel(
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n,
-    qr_base, dor_base, qrs_base, lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
-    q_start, q_len, shift, window, SQ_PAD, rshift_base, cap, t_lo, t_hi,
+    dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n,
+    qr_base, dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base,
+    docs_base, q_start, q_len, shift, window, SQ_PAD, rshift_base, cap, t_lo, t_hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr,
+    SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr, QDO_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
@@ -615,7 +622,15 @@ def _dkdv_tiles(
     row constants at ``rshift_base`` (the query head's) added back and capped at ``cap``.
     DS_HEAD: dS is cast with ``ds_inv``, the reciprocal of the query head's one scale ``ds_scale``;
     with COL_SEQ the caller applies that scale (dK and dV then accumulate in the MMA, no rescale per
-    tile), else it joins each tile's channel scales."""
+    tile), else it joins each tile's channel scales.
+
+    One exponential per element where both gradients are formed on the fixed grid (COMPUTE_DK,
+    COMPUTE_DV and P_FIXED): dS's P'ᵀ = Pᵀ · sdo is (448·Pᵀ) · sdo/448, so dSᵀ is formed from dV's
+    448·Pᵀ and the per-query factor sdo/448 (``dors_base``: dO's row scales, times V's one scale
+    ``sv`` with KV_HEAD) joins dS's reciprocal scale instead of a second exp2 over the tile (the
+    exp2 unit, 16 results per clock and SM, was as busy as the FP8 MMAs here). QDO_HEAD: Q's and
+    dO's row scales are one per (sequence, head), ``sq_head`` and ``sdo_head`` (dO's times sv),
+    read once by the caller instead of per query tile."""
     offs_m0 = tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     offs_o = _out_channels(offs_d, BLOCK_D, BLOCK_DO)
@@ -624,12 +639,18 @@ def _dkdv_tiles(
         row_ok = offs_m < q_len  # read only if MASKED
         rows = q_start + offs_m
         q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-        sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
         # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
-        if KV_HEAD:
-            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)[None, :]
+        if QDO_HEAD and KV_HEAD:
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq_head * sk)
         else:
-            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+            if QDO_HEAD:
+                sq = tl.zeros([BLOCK_Q], tl.float32) + sq_head
+            else:
+                sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
+            if KV_HEAD:
+                st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)[None, :]
+            else:
+                st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
         rshift = 0.0  # read only with ROW_SHIFT
         if ROW_SHIFT:
             rshift = _vec(rshift_base + rows, row_ok, 0.0, MASKED)
@@ -637,20 +658,6 @@ def _dkdv_tiles(
         if MASKED:
             vis = visible(col_ok[:, None] & row_ok[None, :], (offs_m + shift)[None, :], offs_n[:, None], window,
                            CAUSAL, HAS_WINDOW)
-        if COMPUTE_DK:
-            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-            if KV_HEAD:
-                dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32)
-            else:
-                dpt = mul_rounded(tl.dot(v8, tl.trans(do8), out_dtype=tl.float32), sv[:, None], INTERPRET)  # see _scores
-            lse2do = _vec(lse2do_base + rows, row_ok, float("-inf"), MASKED)
-            ptdo = tl.math.exp2(st - lse2do[None, :])  # P'ᵀ = Pᵀ · sdo
-            if MASKED:
-                ptdo = tl.where(vis, ptdo, 0.0)
-            delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
-            dst = ptdo * (dpt - delta[None, :])
-            if SOFTCAP:
-                dst = dst * cap_slope(st, cap)  # dS̃ᵀ -> dSᵀ (Sᵀ is finite here: the mask is on P)
         if COMPUTE_DV:
             lse2 = _vec(lse2_base + rows, row_ok, float("-inf"), MASKED)
             if P_FIXED:
@@ -658,6 +665,35 @@ def _dkdv_tiles(
             pt = tl.math.exp2(st - lse2[None, :])
             if MASKED:
                 pt = tl.where(vis, pt, 0.0)
+        if COMPUTE_DK:
+            do8 = _rows(dor_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
+            if KV_HEAD:
+                dpt = tl.dot(v8, tl.trans(do8), out_dtype=tl.float32)
+            else:
+                dpt = mul_rounded(tl.dot(v8, tl.trans(do8), out_dtype=tl.float32), sv[:, None], INTERPRET)  # see _scores
+            delta = _vec(delta_base + rows, row_ok, 0.0, MASKED)
+            if COMPUTE_DV and P_FIXED:
+                # dSᵀ · 448/sdo from dV's 448·Pᵀ; ds_mul below carries sdo/448 (one exp2 per element)
+                dst = pt * (dpt - delta[None, :])
+                if QDO_HEAD:
+                    ds_mul = sdo_head * (1.0 / 448.0)
+                else:
+                    sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
+                    if KV_HEAD:
+                        sdo = sdo * sv
+                    ds_mul = (sdo * (1.0 / 448.0))[None, :]
+                if not DS_HEAD:  # per-tile dS scales: the factor goes in before their amax
+                    dst = dst * ds_mul
+            else:
+                lse2do = _vec(lse2do_base + rows, row_ok, float("-inf"), MASKED)
+                ptdo = tl.math.exp2(st - lse2do[None, :])  # P'ᵀ = Pᵀ · sdo
+                if MASKED:
+                    ptdo = tl.where(vis, ptdo, 0.0)
+                dst = ptdo * (dpt - delta[None, :])
+                ds_mul = 1.0
+            if SOFTCAP:
+                dst = dst * cap_slope(st, cap)  # dS̃ᵀ -> dSᵀ (Sᵀ is finite here: the mask is on P)
+        if COMPUTE_DV:
             doct = _cols_t(doct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             # B3: P per column of the query tile (= per row of Pᵀ) or on the fixed grid; dO per
             # channel within the tile, or the sequence's channel scales (applied by the caller).
@@ -680,7 +716,7 @@ def _dkdv_tiles(
             # sequence.
             qct = _cols_t(qct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             if DS_HEAD:
-                ds8 = cast_saturating(dst * ds_inv, DS_MAX, DS_DTYPE, INTERPRET)
+                ds8 = cast_saturating(dst * (ds_mul * ds_inv), DS_MAX, DS_DTYPE, INTERPRET)
                 if COL_SEQ:
                     dk = tl.dot(ds8, tl.trans(qct), dk, out_dtype=tl.float32)
                 else:
@@ -698,7 +734,7 @@ def _dkdv_tiles(
 
 @triton.jit
 def bwd_dkdv_fp8_kernel(
-    QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DOCT, DOCS,
+    QR, QRS, QCT, QCS, KR, KRS, VR, VRS, DOR, DORS, DOCT, DOCS,
     LSE2, LSE2DO, DELTA, DK, DV,
     CU_Q, CU_K, TOFF_Q, SHIFT, DS_BOUND,
     H, G, SQ_TOTAL, SK_TOTAL, SQ_PAD, NT_Q, SQ, SK, window, qk_scale, tau, softcap,
@@ -707,7 +743,7 @@ def bwd_dkdv_fp8_kernel(
     DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr, INTERPRET: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, SOFTCAP: tl.constexpr,
-    ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr, QDO_HEAD: tl.constexpr,
     BLOCK_DO: tl.constexpr,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
@@ -728,7 +764,11 @@ def bwd_dkdv_fp8_kernel(
     per-tile channel scales, each tile's channel scales.
 
     SOFTCAP / ROW_SHIFT: as in the dQ kernel (``SHIFT`` (B·Hq, Sq), ``softcap`` c₂); the sinks are
-    in LSE' and LSE'^do already."""
+    in LSE' and LSE'^do already.
+
+    QDO_HEAD: Q's and dO's row scales (``QRS``, ``DORS`` (B·Hq, Sq)) are one per (sequence, head),
+    read once per query head. ``DORS`` is read only by the one-exponential form of
+    :func:`_dkdv_tiles` (dK and dV together on the fixed grid)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -753,9 +793,9 @@ def bwd_dkdv_fp8_kernel(
     bh_k = (batch * HKV + hk).to(tl.int64)
     k8 = _rows(KR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
     v8 = _rows(VR + bh_k * SK_TOTAL * BLOCK_D, keys, col_ok, offs_d, BLOCK_D, True)
-    if KV_HEAD:  # one scale per (sequence, head); V's is in LSE'^do and D'
+    if KV_HEAD:  # one scale per (sequence, head); V's is in LSE'^do and D' (sv: for dS's factor)
         sk = tl.load(KRS + bh_k * SK_TOTAL + k_start) * qk_scale
-        sv = sk
+        sv = tl.load(VRS + bh_k * SK_TOTAL + k_start)
     else:
         sk = tl.load(KRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0) * qk_scale
         sv = tl.load(VRS + bh_k * SK_TOTAL + keys, mask=col_ok, other=1.0)
@@ -782,8 +822,17 @@ def bwd_dkdv_fp8_kernel(
         doct_base = DOCT + bh_q * BLOCK_D * SQ_PAD
         qcs_base = QCS + (bh_q * NT_Q + slot0) * BLOCK_D
         docs_base = DOCS + (bh_q * NT_Q + slot0) * BLOCK_D
+        dors_base = DORS + bh_q * SQ_TOTAL
         ds_inv = 1.0  # DS_HEAD: the reciprocal of head g's dS scale
         ds_scale = 1.0
+        sq_head = 1.0  # QDO_HEAD: Q's and dO's (times V's with KV_HEAD) one row scale for head g
+        sdo_head = 1.0
+        if QDO_HEAD:
+            has_q = q_len > 0
+            sq_head = tl.load(qrs_base + q_start, mask=has_q, other=1.0)
+            sdo_head = tl.load(dors_base + q_start, mask=has_q, other=1.0)
+            if KV_HEAD:
+                sdo_head = sdo_head * sv
         if DS_HEAD and COMPUTE_DK:
             ds_scale, ds_inv = ds_head_scale(DS_BOUND, seq, hk * G + g, H, DS_MAX, POW2)
         if COL_SEQ:
@@ -796,22 +845,28 @@ def bwd_dkdv_fp8_kernel(
                 dv = dv * tl.math.div_rn(c_do, c_new)[None, :]
                 c_do = c_new
         if CAUSAL or HAS_WINDOW:
-            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
-                                 lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n, qr_base,
+                                 dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base,
+                                 doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, t_lo, f_lo, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
-        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
-                             lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
+                                 QDO_HEAD, BLOCK_DO)
+        dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n, qr_base,
+                             dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base,
+                             doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_lo, f_hi, False,
                              CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+                             COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
+                             QDO_HEAD, BLOCK_DO)
         if HAS_WINDOW or not ALIGNED:
-            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, col_ok, offs_n, qr_base, dor_base, qrs_base,
-                                 lse2_base, lse2do_base, delta_base, qct_base, doct_base, qcs_base, docs_base,
+            dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n, qr_base,
+                                 dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base,
+                                 doct_base, qcs_base, docs_base,
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_hi, t_hi, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
-                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+                                 COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
+                                 QDO_HEAD, BLOCK_DO)
     st_mask = col_ok[:, None] & o_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
     if COL_SEQ:
