@@ -5,8 +5,9 @@
 # DIR`), alternated $ROUNDS times, each run beside SDPA (cuDNN, flash) so that every ratio is from
 # one run. Logs and results under $OUT (default /tmp/gpu_kernel_ab_out): bench_{new,old}_R.md/json.
 #   OLD=.gpu_old TESTS_K="fast or ds_head" bash benchmarks/gpu_kernel_ab.sh --configs fp8_delta_fast
-# Env: TEST_S / BENCH_S (time limits, s), SKIP_TESTS=1, RESUME_LOGS (benchmarks/pytest_gpu_resume.py); arguments go to bench_attention.py after
-# the defaults below (d = 64 and 128, H = 16, 16k tokens, S = 8k and 16k, bwd and fwd+bwd).
+# Env: TEST_S / BENCH_S (time limits, s), SKIP_TESTS=1, RESUME_LOGS (benchmarks/pytest_gpu_resume.py).
+# Arguments go to bench_attention.py after the defaults below (d = 64 and 128, H = 16, 16k tokens,
+# S = 8k and 16k, bwd and fwd+bwd).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_kernel_ab_out}

@@ -69,6 +69,13 @@ def _run(shape, mask, config, seed=0, debug=False):
     return got, ref
 
 
+def _assert_near_emulation(grads, ref):
+    """dQ, dK, dV finite and within KERNEL_VS_EMULATION of the emulation's."""
+    for label, x, r in zip(("dq", "dk", "dv"), grads, ref):
+        assert torch.isfinite(x).all(), label
+        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+
+
 # The fast recipes' scale options (config.RECIPES["fp8_delta_fast"]) as config keywords.
 FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
                "ds_scales": "head"}
@@ -336,9 +343,7 @@ def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
     for loop in TILE_LOOPS:
         assert counts[loop, False] > 0 and counts[loop, True] > 0, dict(counts)
-    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
-        assert torch.isfinite(x).all(), label
-        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+    _assert_near_emulation((dq, dk, dv), ref)
 
 
 # (BLOCK_Q, BLOCK_K) per launch, none equal to the recipe's 16-token blocks, the two sides differing.
@@ -358,9 +363,7 @@ def test_block_free_recipe_tiles_freely(name, fused, monkeypatch):
     monkeypatch.setitem(kernels.LAUNCH, "block_free", {**BLOCK_FREE_TILES, "split_dkdv": not fused})
     monkeypatch.setitem(kernels.LAUNCH, "block_free_d64", {})  # these tiles at every head dim
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config)
-    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
-        assert torch.isfinite(x).all(), label
-        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+    _assert_near_emulation((dq, dk, dv), ref)
 
 
 # The fused dK/dV launch on the fixed grid forms dS from dV's 448·P times dO's row scale / 448 (one
@@ -381,9 +384,7 @@ def test_fused_dkdv_on_the_fixed_grid_with_per_query_row_scales(name, monkeypatc
     monkeypatch.setitem(kernels.LAUNCH, "split_dkdv", False)
     monkeypatch.setitem(kernels.LAUNCH, "block_free", {**BLOCK_FREE_TILES, "split_dkdv": False})
     (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config)
-    for label, x, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
-        assert torch.isfinite(x).all(), label
-        assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
+    _assert_near_emulation((dq, dk, dv), ref)
 
 
 def test_prequant_interior_tiles_keep_the_debug_row_sums(monkeypatch):

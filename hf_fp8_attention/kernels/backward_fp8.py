@@ -639,18 +639,16 @@ def _dkdv_tiles(
         row_ok = offs_m < q_len  # read only if MASKED
         rows = q_start + offs_m
         q8 = _rows(qr_base, rows, row_ok, offs_d, BLOCK_D, MASKED)
-        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
-        if QDO_HEAD and KV_HEAD:
-            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq_head * sk)
+        # per-query values (1, BLOCK_Q) of the transposed tiles, or one scalar with QDO_HEAD
+        if QDO_HEAD:
+            sq = sq_head
         else:
-            if QDO_HEAD:
-                sq = tl.zeros([BLOCK_Q], tl.float32) + sq_head
-            else:
-                sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)
-            if KV_HEAD:
-                st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)[None, :]
-            else:
-                st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq[None, :]
+            sq = _vec(qrs_base + rows, row_ok, 1.0, MASKED)[None, :]
+        # transposed tiles (BLOCK_K, BLOCK_Q): Sᵀ = K Qᵀ, and dP'ᵀ = V dOᵀ for dK
+        if KV_HEAD:
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * (sq * sk)
+        else:
+            st = tl.dot(k8, tl.trans(q8), out_dtype=tl.float32) * sk[:, None] * sq
         rshift = 0.0  # read only with ROW_SHIFT
         if ROW_SHIFT:
             rshift = _vec(rshift_base + rows, row_ok, 0.0, MASKED)
@@ -676,12 +674,12 @@ def _dkdv_tiles(
                 # dSᵀ · 448/sdo from dV's 448·Pᵀ; ds_mul below carries sdo/448 (one exp2 per element)
                 dst = pt * (dpt - delta[None, :])
                 if QDO_HEAD:
-                    ds_mul = sdo_head * (1.0 / 448.0)
+                    sdo = sdo_head
                 else:
-                    sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)
+                    sdo = _vec(dors_base + rows, row_ok, 1.0, MASKED)[None, :]
                     if KV_HEAD:
                         sdo = sdo * sv
-                    ds_mul = (sdo * (1.0 / 448.0))[None, :]
+                ds_mul = sdo * (1.0 / 448.0)
                 if not DS_HEAD:  # per-tile dS scales: the factor goes in before their amax
                     dst = dst * ds_mul
             else:
