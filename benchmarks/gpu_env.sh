@@ -2,8 +2,14 @@
 # set OUT: makes $OUT, puts the checkout on PYTHONPATH, and sets XDIST to the pytest-xdist flags.
 # Cold runs are mostly Triton compiles: with pytest-xdist, PYTEST_WORKERS processes compile side by
 # side (8 on the H200 machine ran the 112 recipe, forward and backward kernel tests cold in 189 s).
-# PYTEST_WORKERS=0 turns it off.
+# PYTEST_WORKERS=0 turns it off. Each worker gets nproc / workers CPU threads (OMP_NUM_THREADS, unless
+# set): the tests' emulation side is torch CPU work, and with torch's default of one thread per core
+# in every worker, 15 workers on 16 cores did not finish one soft-cap test in 470 s; 2 threads each ran
+# the same 15 in 86 s (results/h200_v29_pytest_gpu_softcap_fast.log).
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 XDIST=""
-if [ "${PYTEST_WORKERS:-8}" != "0" ] && python -c "import xdist" 2>/dev/null; then XDIST="-n ${PYTEST_WORKERS:-8}"; fi
+if [ "${PYTEST_WORKERS:-8}" != "0" ] && python -c "import xdist" 2>/dev/null; then
+  XDIST="-n ${PYTEST_WORKERS:-8}"
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${PYTEST_WORKERS:-8} > 0 ? $(nproc) / ${PYTEST_WORKERS:-8} : 1 ))}
+fi
