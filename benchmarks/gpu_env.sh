@@ -11,5 +11,6 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 XDIST=""
 if [ "${PYTEST_WORKERS:-8}" != "0" ] && python -c "import xdist" 2>/dev/null; then
   XDIST="-n ${PYTEST_WORKERS:-8}"
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ${PYTEST_WORKERS:-8} > 0 ? $(nproc) / ${PYTEST_WORKERS:-8} : 1 ))}
+  per_worker=$(( $(nproc) / ${PYTEST_WORKERS:-8} ))
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( per_worker > 0 ? per_worker : 1 ))}
 fi

@@ -4,8 +4,8 @@ Shape: B=2, H=16, S=8192, d=128, bf16 (causal unless ``noncausal`` is given); ``
 query length (B = 16384 // SEQ) and ``kv=KV_SEQ`` the key length (default SEQ), e.g. ``fwd s=1024``
 for the short launches whose time goes to once-per-program code (ncu_summary's regions);
 ``recipe=NAME`` a recipe of benchmarks/recipe_names.py (default: ``FP8AttentionConfig()``, i.e.
-``fp8_delta``; the fast recipes' backward runs the statistics, dQ and one fused dK/dV launch). Pin the forward's
-launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) so that the autotuner's trial launches do not
+``fp8_delta``; the fast recipes' backward runs the statistics, dQ and one fused dK/dV launch). Pin
+the forward's launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) so that the autotuner's trial launches do not
 shift the launch count. Launches per call: forward ``_fwd_kernel`` 1; backward (matched)
 ``bwd_dq_fp8_kernel`` 2 (LSE'/D, then dQ), ``bwd_dkdv_fp8_kernel`` 2 (dK, then dV).
 
@@ -39,7 +39,8 @@ FAMILIES = ("fwd", "bwd", "gluon_ws")
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in FAMILIES:
-        print(f"usage: ncu_target.py {{{','.join(FAMILIES)}}} [noncausal] [s=SEQ] [kv=KV_SEQ] [recipe=NAME]", file=sys.stderr)
+        print(f"usage: ncu_target.py {{{','.join(FAMILIES)}}} [noncausal] [s=SEQ] [kv=KV_SEQ] [recipe=NAME]",
+              file=sys.stderr)
         return 2
     family, causal = argv[0], "noncausal" not in argv[1:]
     opts = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
