@@ -12,17 +12,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_kernel_ab_out}
 # shellcheck source=benchmarks/gpu_env.sh
-source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST
+source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST, gpu_pytest
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/nvidia_smi.txt"
 test_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  # -p pytest_gpu_resume: RESUME_LOGS (earlier logs of the same sources) skips what passed there.
-  # shellcheck disable=SC2086
-  FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" \
-    timeout -s INT -k 30 "${TEST_S:-300}" python -m pytest -v -m gpu -rs $XDIST -p pytest_gpu_resume \
-    -k "${TESTS_K:-fast}" tests/gpu 2>&1 \
-    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed"
-  test_rc=${PIPESTATUS[0]}
+  gpu_pytest "$OUT/pytest_gpu.log" "${TEST_S:-300}" -k "${TESTS_K:-fast}" tests/gpu
+  test_rc=$?
 fi
 bench=(--seqlens 8192,16384 --heads 16 --dims 64,128 --modes bwd,fwdbwd --passes 1 --out-dir "$OUT")
 bench_rc=0

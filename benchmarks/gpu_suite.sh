@@ -16,20 +16,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_suite_out}
 # shellcheck source=benchmarks/gpu_env.sh
-source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST
+source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST, gpu_pytest
 tag=${BENCH_TAG:-gpu_suite}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv \
   | tee "$OUT/nvidia_smi.txt"
 test_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  # -v: every test's id and outcome as it ends, so a run cut by a time limit still names its failures.
-  limit=()
-  if [ -n "${TEST_LIMIT:-}" ]; then limit=(timeout -s INT -k 30 "$TEST_LIMIT"); fi
   # shellcheck disable=SC2086
-  FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "${limit[@]}" \
-    python -m pytest -v -m gpu -rs $XDIST -p pytest_gpu_resume ${TESTS:-tests} 2>&1 \
-    | tee "$OUT/pytest_gpu.log" | grep -E "FAILED|ERROR|passed|failed"
-  test_rc=${PIPESTATUS[0]}
+  gpu_pytest "$OUT/pytest_gpu.log" "${TEST_LIMIT:-}" ${TESTS:-tests}
+  test_rc=$?
 fi
 bench_rc=0
 if [ -z "${SKIP_BENCH:-}" ]; then
