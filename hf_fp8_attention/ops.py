@@ -197,7 +197,7 @@ def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: 
             kernel = _triton_backward_fn()
             if kernel is not None:
                 grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, softcap=softcap,
-                               sinks=sinks, kv_stats=saved.get("kv_stats"))
+                               sinks=sinks, kv_stats=saved.get("kv_stats"), q_stats=saved.get("q_stats"))
         if grads is None:
             grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
                                                 softcap=softcap, sinks=sinks)

@@ -1,6 +1,7 @@
-"""The backward reuses the K/V sequence statistics its forward computed (``for_backward`` /
-``kv_stats``), under the Triton interpreter: the same gradients bit for bit as when the backward
-computes them itself, the forward's outputs unchanged, and one statistics call fewer."""
+"""The backward reuses the sequence statistics its forward computed (``for_backward`` /
+``kv_stats`` for K and V, ``q_stats`` for Q where the forward computes Q's anyway), under the
+Triton interpreter: the same gradients bit for bit as when the backward computes them itself, the
+forward's outputs unchanged, and fewer statistics reads."""
 import pytest
 import torch
 
@@ -24,7 +25,7 @@ def _mask(packed: bool) -> MaskSpec:
 
 # fp8_delta, packed (one sequence empty): K's channel amax joins the forward's K statistics; the
 # fast recipe: K's and V's per-head amax as well (V's beside its channel amax).
-@pytest.mark.parametrize("recipe, packed", [("fp8_delta", True), ("fp8_delta_fast", False)])
+@pytest.mark.parametrize("recipe, packed", [("fp8_delta", True), ("fp8_delta_fast", False), ("fp8_delta_fast", True)])
 def test_reused_statistics_give_the_same_gradients(recipe, packed):
     config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
     q, k, v, dout = make_qkv(1, 2, 1, 40, d=64, dtype=torch.float32, seed=5, outliers=True)
@@ -33,8 +34,11 @@ def test_reused_statistics_give_the_same_gradients(recipe, packed):
     out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=kept)
     out0, lse0 = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16)
     assert torch.equal(out, out0) and torch.equal(lse, lse0)  # the extra statistics change no forward code
-    assert set(kept) == {"kv_stats"} and any(st is not None for st in kept["kv_stats"])
-    reused = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, kv_stats=kept["kv_stats"])
+    # Q's statistics only where the forward computes them for its own copy (one Q scale per head)
+    assert set(kept) == ({"kv_stats", "q_stats"} if "fast" in recipe else {"kv_stats"})
+    assert any(st is not None for st in kept["kv_stats"])
+    reused = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, kv_stats=kept["kv_stats"],
+                             q_stats=kept.get("q_stats"))
     fresh = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
     for name, a, b in zip(("dq", "dk", "dv"), reused, fresh):
         assert torch.equal(a, b), name
@@ -62,3 +66,24 @@ def test_autograd_hands_the_statistics_over(monkeypatch):
     with torch.no_grad():
         fp8_attention(q, k, v, causal=True, config=config)
     assert calls == [2, 2, 2]
+
+
+def test_autograd_hands_the_query_statistics_over(monkeypatch):
+    """The fast recipe (one Q scale per head): the forward's Q statistics read Q; the backward's
+    read dO alone (kernels stubbed, as above)."""
+    import triton.runtime.interpreter as interpreter
+
+    from hf_fp8_attention import ops
+    from hf_fp8_attention.config import Backend
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
+    monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
+    calls = []
+    stats = operands.sequence_stats
+    monkeypatch.setattr(operands, "sequence_stats", lambda xs, *a, **kw: calls.append(xs) or stats(xs, *a, **kw))
+    config = RECIPES["fp8_delta_fast"].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(make_qkv(1, 2, 2, 40, d=64, dtype=torch.float32)))
+    out = fp8_attention(q, k, v, causal=True, config=config)
+    assert [len(xs) for xs in calls] == [2, 1] and calls[1][0] is q  # (K, V), then Q
+    out.backward(dout)
+    assert len(calls) == 3 and len(calls[2]) == 1 and calls[2][0] is dout

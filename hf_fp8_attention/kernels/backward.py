@@ -63,7 +63,9 @@ from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
 from .launch import launch as launch_kernel
 from .logit_mods import LogitMods, logit_mods, sink_entries, sink_grad
-from .operands import backward_block_free, backward_kv_copies, copies_for, logit_factor, stats_for, tile_recipe
+from .operands import (
+    backward_block_free, backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, tile_recipe,
+)
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
 from .tiles import cdiv, check_compiled_blocks
 
@@ -175,10 +177,11 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
                              "registers and shared memory; keep LAUNCH['prequant'] = True")
 
 
-def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None):
+def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None, q_stats=None):
     """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
     sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included).
-    ``kv_stats``: K's and V's sequence statistics from the forward (see :func:`triton_backward`)."""
+    ``kv_stats`` / ``q_stats``: K's and V's / Q's sequence statistics from the forward (see
+    :func:`triton_backward`)."""
     check_dq_in_stats(config, softcap, sinks)
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
     lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
@@ -227,7 +230,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     window = mask.window_arg
     if prequant:
         _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                    n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats)
+                    n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
         return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
     dp = padded_head_dim(d)
@@ -280,11 +283,12 @@ def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug) -
 
 
 def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None):
+                n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None, q_stats=None):
     """FP8 mode on operands quantized once up front (kernels in backward_fp8.py). ``lse2``,
     ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module).
     ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's and V's statistics when
-    the forward computed them (else computed here)."""
+    the forward computed them (else computed here); ``q_stats``: Q's, likewise (then dO's statistics
+    launch reads dO alone)."""
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
@@ -295,11 +299,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     # one launch for Q and dO, one for K and V.
     # The recipe's sequence statistics (channel amax, K's mean, per-head amax) come first, from the
     # same kernels as the forward's, so the codes of Q and K for QKᵀ are the forward's.
-    qc, doc = copies_for("q", config, row=True, col=True), copies_for("do", config, row=True, col=True)
+    qc, doc = backward_q_copies(config), copies_for("do", config, row=True, col=True)
     kc, vc = backward_kv_copies(config)
+    if q_stats is not None:
+        qdo_stats = (q_stats, *stats_for((dout,), (doc,), cq, max_q))
+    else:
+        qdo_stats = stats_for((q, dout), (qc, doc), cq, max_q)
     (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = quantize_operands(
-        (q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q,
-        stats=stats_for((q, dout), (qc, doc), cq, max_q))
+        (q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q, stats=qdo_stats)
     (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = quantize_operands(
         (k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k,
         stats=kv_stats if kv_stats is not None else stats_for((k, v), (kc, vc), ck, max_k))
@@ -416,7 +423,8 @@ def _mods(q, k, scale, mask, config, softcap, sinks) -> LogitMods:
 
 
 def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
-                    softcap: float | None = None, sinks: torch.Tensor | None = None, kv_stats: tuple | None = None):
+                    softcap: float | None = None, sinks: torch.Tensor | None = None, kv_stats: tuple | None = None,
+                    q_stats: tuple | None = None):
     """FP8 (or hybrid bf16) attention backward with the matched or stale delta, in Triton.
 
     Args:
@@ -431,11 +439,15 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         kv_stats: what :func:`.forward.triton_forward` left under ``for_backward["kv_stats"]`` for
             these k, v, mask and config (the same statistics this backward would compute: its K
             and V codes are the same bit for bit; two launches fewer). None: computed here.
+        q_stats: Q's statistics, left under ``for_backward["q_stats"]`` by a forward that computes
+            them anyway (recipes with one Q scale per head): the backward's statistics launches then
+            read dO alone instead of Q and dO. None: computed here.
     Returns:
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
     """
-    dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats)
+    dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats,
+                                       q_stats)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 

@@ -78,7 +78,7 @@ from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
     quantize_operands, scale_from_amax, to_fp8,
 )
-from .operands import backward_kv_copies, copies_for, logit_factor, stats_for
+from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
@@ -466,7 +466,8 @@ def triton_forward(
         softcap, sinks ``(Hq,)`` fp32: the logit modifiers (:mod:`hf_fp8_attention.reference`).
         for_backward: a dict to receive, under ``"kv_stats"``, K's and V's sequence statistics for
             the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
-            computed in the forward's statistics launches instead of two more in the backward.
+            computed in the forward's statistics launches instead of two more in the backward; and
+            under ``"q_stats"`` Q's, where the forward computes Q's statistics anyway.
     Returns:
         ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
     """
@@ -492,9 +493,15 @@ def triton_forward(
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
     if _quantizes_q_first(config):
         q_copies = copies_for("q", config, row=True, col=False)
+        # Where this launch runs anyway, it computes the backward's statistics of Q as well.
+        hand_over = for_backward is not None and q_copies.needs_stats
+        q_stats = stats_for((q,), (q_copies,), mask.cu_seqlens_q, max_q,
+                            also=(backward_q_copies(config),) if hand_over else None)
+        if hand_over:
+            for_backward["q_stats"] = q_stats[0]
         (q_codes, q_scales, _, _, _), = quantize_operands(
             (q,), (q_copies,), block=config.block_q, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_q,
-            max_seqlen=max_q, stats=stats_for((q,), (q_copies,), mask.cu_seqlens_q, max_q))
+            max_seqlen=max_q, stats=q_stats)
     if varlen:
         out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)

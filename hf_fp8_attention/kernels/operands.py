@@ -46,6 +46,11 @@ def backward_kv_copies(config: FP8AttentionConfig) -> tuple[Copies, Copies]:
     return copies_for("k", config, row=True, col=True), copies_for("v", config, row=True, col=False)
 
 
+def backward_q_copies(config: FP8AttentionConfig) -> Copies:
+    """The copies of Q the FP8 backward quantizes: row-wise (B1) and channel-wise (B5)."""
+    return copies_for("q", config, row=True, col=True)
+
+
 def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen: int | None = None,
               also: tuple[Copies, ...] | None = None) -> tuple[SequenceStats | None, ...]:
     """Per operand of ``xs`` (one or two tensors of one shape, as :func:`.quantize.quantize_operands`
