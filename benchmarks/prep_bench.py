@@ -148,6 +148,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--keys", default="", help="comma-separated table entries to sweep (default: all of SWEEP)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -178,7 +179,10 @@ def main():
                   "| table | entry | value | " + " | ".join(st) + " | total | same |",
                   "|---|---|---|" + "---|" * (len(st) + 2)]
         best = {}
+        keys = set(a.keys.split(",")) if a.keys else None
         for table, key, values in SWEEP:
+            if keys is not None and key not in keys:
+                continue
             current = table[key]
             tname = TABLE_NAMES[id(table)]
             for value in values:
