@@ -206,7 +206,8 @@ def main():
                     best[(tname, key)] = (value, total)
         lines.append("")
         lines += [f"fastest bit-identical: {t} {k} = {v} ({tot:.1f} us)" for (t, k), (v, tot) in best.items()]
-        print("\n".join(lines[-len(best):]), flush=True)
+        if best:
+            print("\n".join(lines[-len(best):]), flush=True)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         stem = os.path.join(a.out, f"prep_bench_{a.recipe}_d{a.dim}")
