@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,6 +36,7 @@ from hf_fp8_attention.kernels import quantize as qz  # noqa: E402
 from hf_fp8_attention.kernels import sequence_stats as ss  # noqa: E402
 from hf_fp8_attention.kernels.forward import _quantizes_q_first  # noqa: E402
 from hf_fp8_attention.kernels.operands import backward_kv_copies, backward_q_copies, copies_for, stats_for  # noqa: E402
+from quantize_bench import _time_us  # noqa: E402  (CUDA-graph median, us)
 from recipe_names import recipe_config  # noqa: E402
 
 # (table, key, values): each entry is swept alone, the others at their current values.
@@ -125,10 +125,6 @@ def _same(a, b) -> bool:
     return len(ta) == len(tb) and all(x.shape == y.shape and torch.equal(_bits(x), _bits(y)) for x, y in zip(ta, tb))
 
 
-def _us(fn, rep=50) -> float:
-    return do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
-
-
 def time_steps(st: dict, reference: dict | None = None) -> dict:
     """{step: (whole us, statistics us or None, identical to ``reference``'s outputs or None)}."""
     res = {}
@@ -136,7 +132,7 @@ def time_steps(st: dict, reference: dict | None = None) -> dict:
         same = None
         if reference is not None:
             same = _same(whole(), reference[name])
-        res[name] = (_us(whole), _us(stats) if stats is not None else None, same)
+        res[name] = (_time_us(whole, rep=50), _time_us(stats, rep=50) if stats is not None else None, same)
     return res
 
 
@@ -160,7 +156,7 @@ def main():
                    for _ in range(4))
     config = recipe_config(a.recipe)
     st = steps(q, k, v, do, config)
-    clone_us = _us(lambda: q.clone())
+    clone_us = _time_us(lambda: q.clone(), rep=50)
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
     base = time_steps(st)

@@ -37,22 +37,16 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-try:  # Gluon ships with Triton >= 3.5
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:
-    gluon = None
+from gluon_forward import _descriptor, gluon  # noqa: E402  (Gluon's imports and the TMA pieces live there)
 
 D, BLOCK_Q, HALF_K, STAGES = 128, 32, 64, 3  # head dim; queries per tile; keys per warpgroup; ring depth
 BLOCK_K = 2 * HALF_K
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
-P_GRID = 448.0  # P is cast as fp8(448 · P) on the fixed grid
 
 if gluon is not None:
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    from gluon_forward import _tma_load, gl, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
     @gluon.jit
     def _producer(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem, k_smem,
@@ -210,9 +204,9 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def _descriptor(codes_2d: torch.Tensor, block: list[int]) -> "TensorDescriptor":
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
-    return TensorDescriptor(codes_2d, list(codes_2d.shape), list(codes_2d.stride()), block, layout)
+def _codes_descriptor(codes_2d: torch.Tensor, block: list[int]):
+    """TMA descriptor of a 2-D view of FP8 codes, ``block``-shaped boxes in the default MMA layout."""
+    return _descriptor(codes_2d, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
 
 
 def captured_dkdv_launch(q, k, v, do, causal: bool):
@@ -261,10 +255,10 @@ def gluon_operands(args: tuple, kwargs: dict) -> tuple:
     cq = (qcs[:, :, 0, :].reshape(bh, D) * ds_scale[:, None]).contiguous()
     cdo = docs[:, :, 0, :].reshape(bh, D).contiguous()
     lse2_shifted = (lse2 - torch.tensor(8.807354922057604, dtype=f32, device=qr.device)).contiguous()
-    descs = (_descriptor(qr.view(-1, D), [BLOCK_Q, D]), _descriptor(dor.view(-1, D), [BLOCK_Q, D]),
-             _descriptor(qct.view(-1, qct.shape[-1]), [D, BLOCK_Q]),
-             _descriptor(doct.view(-1, doct.shape[-1]), [D, BLOCK_Q]),
-             _descriptor(kr.view(-1, D), [HALF_K, D]), _descriptor(vr.view(-1, D), [HALF_K, D]))
+    descs = (_codes_descriptor(qr.view(-1, D), [BLOCK_Q, D]), _codes_descriptor(dor.view(-1, D), [BLOCK_Q, D]),
+             _codes_descriptor(qct.view(-1, qct.shape[-1]), [D, BLOCK_Q]),
+             _codes_descriptor(doct.view(-1, doct.shape[-1]), [D, BLOCK_Q]),
+             _codes_descriptor(kr.view(-1, D), [HALF_K, D]), _codes_descriptor(vr.view(-1, D), [HALF_K, D]))
     return descs, lse2_shifted, delta, head, cq, cdo, torch.empty_like(dk), torch.empty_like(dv), sq, sk, float(tau)
 
 
