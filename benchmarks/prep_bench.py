@@ -46,6 +46,7 @@ SWEEP = [
     (qz.ROTATED_LAUNCH, "col_group", (32, 64, 128)),
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
     (ss.ROTATED_PARTIALS, "sub", (32, 64)),
+    (ss.ROTATED_PARTIALS, "elementwise", (False, True)),
 ]
 TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH",
                id(ss.ROTATED_PARTIALS): "sequence_stats.ROTATED_PARTIALS"}

@@ -41,7 +41,7 @@ CHUNK = 256
 SUB_CHUNK = 32
 # A launch that rotates rows: tokens per dot with the Hadamard matrix, and warps (32 on 2 warps was
 # the fastest of the shapes benchmarks/rotation_bench.py tries, 94 µs for a (2, 16, 8k, 128) tensor).
-ROTATED_PARTIALS = {"sub": 32, "num_warps": 2}
+ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
@@ -50,7 +50,7 @@ FINISH_WARPS = 4
 # that matrix in fp32 registers for μH, 256 per thread on 4 warps, so 16 warps
 # (benchmarks/results/cpu_kernel_resources.txt).
 SUB_CHUNK_D256 = 16
-ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4}
+ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False}  # not measured
 FINISH_WARPS_D256 = 16
 
 
@@ -64,7 +64,7 @@ def _min_nan(a, b):
 def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
                    EXT: tl.constexpr, SHIFTED: tl.constexpr, SUM: tl.constexpr, AMAX: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr):
+                   DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr):
     """One chunk of one operand's (sequence, head) into ``out`` (4, BLOCK_D): ``hi``, ``lo``, the
     amax (AMAX) and the sum (SUM) of the raw rows. EXT (the row amax is wanted) of y = xH (ROTATE)
     or x: SHIFTED (a shift will be subtracted), hi / lo = max / min of y; else hi = max |y| and
@@ -76,11 +76,17 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
     With rotation each slice's dot output sits in the MMA layout and is reduced at once."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    if ROTATE:
+    if ROTATE and not ELEMENTWISE:
         hm = load_hadamard(h_ptr, BLOCK_D)
         hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
         lo = tl.full([BLOCK_D], float("inf"), tl.float32)
         amax = tl.zeros([BLOCK_D], tl.float32)
+        total = tl.zeros([BLOCK_D], tl.float32)
+    elif ROTATE:  # element-wise extremes, reduced once after the loop; the sum as above (same bits)
+        hm = load_hadamard(h_ptr, BLOCK_D)
+        hi = tl.full([SUB, BLOCK_D], float("-inf"), tl.float32)
+        lo = tl.full([SUB, BLOCK_D], float("inf"), tl.float32)
+        amax = tl.zeros([SUB, BLOCK_D], tl.float32)
         total = tl.zeros([BLOCK_D], tl.float32)
     else:
         hi = tl.full([SUB, BLOCK_D], float("-inf"), tl.float32)
@@ -92,7 +98,19 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
         s_ok = offs_s < length
         ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
         x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        if ROTATE:
+        if ROTATE and ELEMENTWISE:
+            if AMAX:
+                amax = max_nan(amax, tl.abs(x))
+            if SUM:
+                total += tl.sum(x, 0)
+            if EXT:
+                y = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty)
+                if SHIFTED:
+                    hi = max_nan(hi, tl.where(s_ok[:, None], y, float("-inf")))
+                    lo = _min_nan(lo, tl.where(s_ok[:, None], y, float("inf")))
+                else:
+                    hi = max_nan(hi, tl.abs(y))
+        elif ROTATE:
             if AMAX:
                 amax = max_nan(amax, abs_max(x, 0))
             if SUM:
@@ -112,6 +130,11 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
             if EXT and SHIFTED:  # hi and lo of y
                 hi = max_nan(hi, tl.where(s_ok[:, None], x, float("-inf")))
                 lo = _min_nan(lo, tl.where(s_ok[:, None], x, float("inf")))
+    if ROTATE and ELEMENTWISE:
+        amax = tl.reduce(amax, 0, max_nan)
+        hi = tl.reduce(hi, 0, max_nan)
+        if EXT and SHIFTED:
+            lo = tl.reduce(lo, 0, _min_nan)
     if not ROTATE:
         amax = tl.reduce(amax, 0, max_nan)
         total = tl.sum(total, 0)
@@ -134,7 +157,7 @@ def _partials_kernel(
     part_ptr,  # (2, n_slots, B·H, 4, BLOCK_D) fp32
     cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
 ):
@@ -152,10 +175,10 @@ def _partials_kernel(
     out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D
     if op == 0:
         _partials_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE)
+                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE)
     else:
         _partials_tile(y_ptr + bb * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE)
+                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE)
 
 
 @triton.jit
@@ -278,6 +301,9 @@ def sequence_stats(
                       f"{prefix}_AMAX": n.col_amax})
     wide = dp > 128
     rotated_launch = ROTATED_PARTIALS_D256 if wide else ROTATED_PARTIALS
+    # Element-wise extremes in a rotating launch (one reduction per chunk instead of one per slice)
+    # where no operand is smoothed: a shifted operand's three (SUB, DP) accumulators spill on 2 warps.
+    elementwise = rotated_rows and rotated_launch["elementwise"] and not any(n.smooth for n in needs)
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
     else:
@@ -287,7 +313,7 @@ def sequence_stats(
             _partials_kernel, (cdiv(max_len, CHUNK), n_seq * heads, len(xs)),
             x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
             CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x), **flags, num_warps=warps, **COMPILE_OPTIONS,
+            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, **flags, num_warps=warps, **COMPILE_OPTIONS,
         )
     launch_kernel(
         _finish_kernel, (n_seq, heads, len(xs)),
