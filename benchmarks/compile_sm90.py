@@ -8,6 +8,7 @@ logit modifiers (soft-cap, K-smoothing's row constant, sinks) off and on.
 
     python benchmarks/compile_sm90.py                       # compile every variant, print sizes
     python benchmarks/compile_sm90.py --against /path/to/other/checkout
+    python benchmarks/compile_sm90.py --gluon                   # the Gluon backward kernels' resources
 
 ``--against``: the SASS of each kernel with the modifiers off, this checkout against the other
 one's (e.g. ``git worktree add /tmp/main main``), instruction by instruction with the parameter
@@ -97,12 +98,75 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
                           options={"num_warps": num_warps, "num_stages": 3, "enable_fp_fusion": True})
 
 
+def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16"):
+    """One of the fast recipes' Gluon backward kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
+    ``"dq"``: kernels/backward_dq_gluon.py) built for sm_90a at head dim ``d``, as the package
+    launches it; None where this Triton has no Gluon."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, gluon_hopper
+    if gluon_hopper.gluon is None:
+        return None
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(block):
+        return f"tensordesc<fp8e4nv[{block[0]},{block[1]}],{gluon_hopper._smem_layout(block)!r}>"
+
+    if kernel_name == "dkdv":
+        mod = backward_dkdv_gluon
+        kernel = mod._dkdv_kernel
+        consts = dict(BLOCK_Q=mod.BLOCK_Q, HALF_K=mod.HALF_K)
+        descs = dict(q_desc=(mod.BLOCK_Q, d), do_desc=(mod.BLOCK_Q, d), qt_desc=(d, mod.BLOCK_Q),
+                     dot_desc=(d, mod.BLOCK_Q), k_desc=(mod.HALF_K, d), v_desc=(mod.HALF_K, d))
+        outs = ("DK", "DV")
+    else:
+        mod = backward_dq_gluon
+        kernel = mod._dq_kernel
+        consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N)
+        descs = dict(q_desc=(mod.HALF_Q, d), do_desc=(mod.HALF_Q, d), k_desc=(mod.BLOCK_N, d),
+                     v_desc=(mod.BLOCK_N, d), kt_desc=(d, mod.BLOCK_N))
+        outs = ("DQ", )
+    consts.update(D=d, CAUSAL=causal, POW2=False, STAGES=mod.STAGES, CONSUMER_REGS=mod.CONSUMER_REGS,
+                  PRODUCER_REGS=mod.PRODUCER_REGS)
+    sig = {name: "i32" for name in kernel.arg_names}
+    sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
+    sig.update({name: desc(block) for name, block in descs.items()})
+    sig.update({name: f"*{out_dtype}" for name in outs})
+    sig.update(DS_BOUND="*i32", qk_scale="fp32", tau="fp32")
+    sig.update({name: "constexpr" for name in consts})
+    src = GluonASTSource(kernel, sig, constexprs={(kernel.arg_names.index(n), ): v for n, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=mod.MAXNREG))
+
+
+def mma_loops(compiled) -> list[dict]:
+    """The innermost loops that issue MMAs (a branch back to a label, over < 600 instructions): per
+    loop its instruction, MMA and local-memory (spill) counts, from the SASS."""
+    labels, ins, loops = {}, [], []
+    for line in _sass_text(compiled).splitlines():
+        line = line.strip()
+        if re.fullmatch(r"\w+:", line):
+            labels[line[:-1]] = len(ins)
+        elif "\t" in line and ";" in line:
+            ins.append(line.split("\t", 1)[1])
+            target = re.search(r"BRA (\w+);", ins[-1])
+            if target and target.group(1) in labels:
+                body = ins[labels[target.group(1)]:]
+                if any("GMMA" in x for x in body) and len(body) < 600:
+                    loops.append(dict(instructions=len(body), mma=sum("GMMA" in x for x in body),
+                                      stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body)))
+    return loops
+
+
+def _sass_text(compiled) -> str:
+    from triton.tools.disasm import get_sass
+    return get_sass(compiled.asm["cubin"])
+
+
 def sass_lines(compiled) -> list[str]:
     """The instructions of a compiled kernel, parameter offsets masked (their layout moves with the
     argument list)."""
-    from triton.tools.disasm import get_sass
-
-    text = get_sass(compiled.asm["cubin"])
+    text = _sass_text(compiled)
     return [re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[param]", line.split("\t", 1)[1].strip())
             for line in text.splitlines() if "\t" in line and ";" in line]
 
@@ -114,12 +178,26 @@ def _digest(mods: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
+    parser.add_argument("--gluon", action="store_true", help="the Gluon backward kernels' shared memory and loops")
     parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
     args = parser.parse_args(argv)
     if args.digest:  # the package on PYTHONPATH (the other checkout's)
         print(json.dumps(_digest("off")))
         return 0
     sys.path.insert(0, str(ROOT))
+    if args.gluon:
+        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon
+        for name, dims in (("dkdv", backward_dkdv_gluon.HEAD_DIMS), ("dq", backward_dq_gluon.HEAD_DIMS)):
+            for d in dims:
+                for causal in (True, False):
+                    compiled = compile_gluon(name, d, causal)
+                    if compiled is None:
+                        print("this Triton has no Gluon")
+                        return 1
+                    stl = sum(line.startswith("STL") for line in sass_lines(compiled))
+                    print(f"{name:4s} d={d:3d} causal={causal!s:5s} {compiled.metadata.shared:6d} B shared memory, "
+                          f"{stl} spill stores in all; MMA loops: {mma_loops(compiled)}")
+        return 0
     if args.against is None:
         for mods in MODS:
             for name, kernel, meta, warps in variants(mods):

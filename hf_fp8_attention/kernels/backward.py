@@ -42,6 +42,12 @@ instead of the recipe's blocks. ``config.dq_in_stats``
 forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``: dQ = A − D'·B from the forward's
 LSE, see the config's docstring), so LSE'/D and dQ no longer take two.
 
+On Hopper the fast recipes' dQ and fused dK/dV launches run as warp-specialised Gluon kernels
+(:mod:`.backward_dq_gluon`, :mod:`.backward_dkdv_gluon`: a TMA producer warp and two consumer
+warpgroups that hold their tile's FP8 operands in registers) where the call is in their scope
+(``LAUNCH["gluon_dq"]`` / ``LAUNCH["gluon_dkdv"]``: head dims; dense batches, no soft-cap). They
+compute what the Triton launches compute, from the same FP8 copies and statistics.
+
 Logit soft-capping and attention sinks (:mod:`.logit_mods`) run in both paths: the cap (and
 K-smoothing's row constant, added back where the FP8 operands are smoothed) wherever S is formed,
 the tanh's slope on dS, the sink in the statistics pass's normaliser; the sinks' gradient is
@@ -58,6 +64,7 @@ from triton.runtime.errors import OutOfResources
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
 from ..reference import check_dq_in_stats, stale_lse
+from . import backward_dkdv_gluon, backward_dq_gluon
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
@@ -109,6 +116,12 @@ LAUNCH = {
     # Up to head dim 64 the fused dK/dV launch has the registers for 64 x 64 tiles: 12-15% faster
     # there, 12% slower at 128 (backward_tiles.py, benchmarks/NOTES.md "Backward").
     "block_free_d64": {"dkdv": (64, 64)},
+    # The fast recipes' dQ and fused dK/dV launches on Hopper: the warp-specialised Gluon kernels
+    # (backward_dq_gluon.py, backward_dkdv_gluon.py) wherever they apply, at these head dims;
+    # elsewhere the Triton launches. At head dim 64 the Gluon dK/dV kernel was 1-4% slower than the
+    # Triton launch's 64 x 64 tiles (benchmarks/NOTES.md, "Backward").
+    "gluon_dq": (128,),
+    "gluon_dkdv": (128,),
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
@@ -339,6 +352,11 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
         dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
     for stats, grads, launch in dq_passes:
+        if launch == "dq" and not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta):
+            backward_dq_gluon.gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq,
+                                       groups=hq // hkv, qk_scale=qk_scale, tau=float(scale),
+                                       causal=bool(mask.causal), pow2=pow2)
+            continue
         tq, tk = _tiles(table, launch, free, config, dp, query_side=True)
         bdo = _channel_block(table, launch, dp)
         _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, tq), n_seq * hq, dp // bdo), launch, dp, (
@@ -352,6 +370,11 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
         ))
     del mod_meta["SINK"]  # in LSE' and LSE'^do already
+    if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, mod_meta):
+        backward_dkdv_gluon.gluon_dkdv(
+            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
+            groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2)
+        return
     split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
     passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
@@ -368,6 +391,24 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
             **COMPILE_OPTIONS,
         ))
+
+
+def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
+    """Whether ``module``'s Gluon kernel (backward_dq_gluon or backward_dkdv_gluon) forms this
+    launch's gradients (``LAUNCH[key]`` lists the head dims it is enabled at). It computes what the
+    Triton launch computes, so where it cannot run the Triton launch does, and the reason is logged
+    once (debug level: nothing is lost)."""
+    if q.shape[-1] not in LAUNCH[key]:
+        return False
+    reason = module.unsupported_reason(q, k, mask, config, mod_meta)
+    if reason is not None:
+        _note_triton_launch(key, reason)
+    return reason is None
+
+
+@functools.lru_cache(maxsize=None)
+def _note_triton_launch(key: str, reason: str) -> None:
+    logger.debug("triton_backward: the Triton launch, not the Gluon kernel (%s): %s", key, reason)
 
 
 def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, dp: int, *,

@@ -1,0 +1,307 @@
+"""The fused dK/dV launch of the fast recipes on Hopper, written in Gluon and warp-specialised.
+
+It computes what ``bwd_dkdv_fp8_kernel`` (backward_fp8.py) computes for the block-free fast recipes
+(``fp8_delta_fast``, ``fp8_stale_fast``: one scale per (sequence, head) for Q, K, V and dO, channel
+scales per sequence, P on the fixed grid, dS one scale per query head), from the same FP8 copies,
+statistics and scales, and writes the same dK and dV up to the order of the fp32 accumulation. Why
+a second kernel (benchmarks/NOTES.md, "Backward"): the Triton launch runs 64 keys x 32 queries per
+iteration on one warpgroup and reads all four MMAs' operands from shared memory, K and V included
+(48 KB of shared-memory traffic against 256 clocks of FP8 MMA per iteration). Here, as in
+FlashAttention-3's backward:
+
+- a producer warp brings each query tile's four FP8 copies (Q and dO row-wise for Sᵀ and dPᵀ, Qᵀ and
+  dOᵀ channel-wise for dK and dV) by TMA into a ``STAGES``-deep ring, with its LSE' and D' values;
+- two consumer warpgroups own 64 keys each (128 per program) and share every query tile; each holds
+  its K and V codes in registers (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ), so the tensor cores
+  read half the shared memory per product.
+
+One program per (128 keys, batch · kv head) loops over the G query heads of its kv head (GQA) and
+their visible query tiles, causal programs with the most tiles first. Per query head the
+accumulators are rescaled by the ratio of the previous head's channel factors to this head's, as
+the Triton launch does (its COL_SEQ docstring), so the result is Σ_g c_g · (head g's products).
+
+Scope (:func:`scope_reason`): the fast recipes in E4M3, head dims 64 and 128 (enabled by
+``backward.LAUNCH["gluon_dkdv"]`` at 128 only: at 64 the Triton launch's 64 x 64 tiles were 1-4%
+faster),
+dense batches (no packed sequences, no window), key lengths a multiple of 128 and query lengths of
+32, causal only with as many queries as keys, no soft-cap or K-smoothing row constant (attention
+sinks are in LSE' already). Elsewhere the Triton launch runs. On the H200 it made the fast
+backward 6-13% faster at d = 128 (its first version, without GQA: 1.84 -> 1.38 ms at B = 2, H = 16,
+S = 8192, causal; benchmarks/NOTES.md, "Backward").
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import FP8AttentionConfig
+from ..masking import MaskSpec
+from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason
+
+if gluon is not None:
+    from .gluon_hopper import (
+        ds_head_scale, gl, mbarrier, scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
+    )
+
+HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
+BLOCK_Q, HALF_K, STAGES = 32, 64, 3  # queries per tile; keys per consumer warpgroup; ring depth
+BLOCK_K = 2 * HALF_K
+# Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
+# nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
+CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
+
+
+def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
+                 mod_meta: dict) -> str | None:
+    """None when the call is in the kernel's scope (any device), else why not (one short phrase).
+    ``shape_q`` (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D): the inputs' shapes; ``mod_meta``: the
+    logit modifiers' constexprs (``LogitMods.meta``)."""
+    reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
+    if reason is not None:
+        return reason
+    sq, d, sk = shape_q[2], shape_q[3], shape_k[2]
+    if d not in HEAD_DIMS:
+        return f"head dim {d} (built for {', '.join(map(str, HEAD_DIMS))})"
+    if sq == 0 or sq % BLOCK_Q or sk % BLOCK_K:
+        return f"sequence lengths {sq} / {sk} (need multiples of {BLOCK_Q} / {BLOCK_K})"
+    if mask.causal and sq != sk:
+        return "causal with fewer queries than keys"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,
+                       mod_meta: dict) -> str | None:
+    """None when :func:`gluon_dkdv` runs this backward's dK/dV, else why not: :func:`scope_reason`,
+    then the device (:func:`.gluon_hopper.device_reason`)."""
+    return scope_reason(tuple(q.shape), tuple(k.shape), mask, config, mod_meta) or device_reason(q)
+
+
+def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv, *,
+               groups: int, qk_scale: float, tau: float, causal: bool, pow2: bool) -> None:
+    """Fill ``dk`` and ``dv`` (B, Hkv, Sk, 128), in the inputs' dtype, from the backward's FP8 copies
+    (backward.py's ``_launch_fp8``, which runs the statistics launch first):
+
+    - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs``, ``dors`` (B, Hq, Sq)
+      fp32: their scales (one per head, repeated per token);
+    - ``qct``, ``doct`` (B, Hq, 128, Sq_pad) e4m3: channel-wise transposed codes; ``qcs``, ``docs``
+      (B, Hq, n_tiles, 128) fp32: their channel scales (the sequence's, in tile 0);
+    - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs``, ``vrs`` (B, Hkv, Sk) fp32: K's and V's;
+    - ``lse2``, ``delta`` (B·Hq, Sq) fp32: LSE' and D'; ``ds_bound`` (B·Hq,) int32: the bits of each
+      query head's fp32 dS bound.
+
+    ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
+    factor); ``tau``: the softmax scale (dK's factor)."""
+    b, hq, sq, d = qr.shape
+    hkv, sk = kr.shape[1], kr.shape[2]
+    descs = (descriptor(qr.view(-1, d), (BLOCK_Q, d)), descriptor(dor.view(-1, d), (BLOCK_Q, d)),
+             descriptor(qct.view(-1, qct.shape[-1]), (d, BLOCK_Q)),
+             descriptor(doct.view(-1, doct.shape[-1]), (d, BLOCK_Q)),
+             descriptor(kr.view(-1, d), (HALF_K, d)), descriptor(vr.view(-1, d), (HALF_K, d)))
+    _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
+        *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
+        hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+
+
+if gluon is not None:
+    @gluon.jit
+    def _channel_factor(SCALES, DS_BOUND, bh_q, head, NT_Q, present, WITH_DS: gl.constexpr, D: gl.constexpr,
+                        POW2: gl.constexpr, layout: gl.constexpr):
+        """(D,) in ``layout``: query head ``bh_q``'s channel factors, the sequence's channel scales
+        ``SCALES`` (B·Hq, NT_Q, D) (Q's for dK, dO's for dV), times dS's scale with WITH_DS (``head``:
+        the head's index sequence · H + head in ``DS_BOUND``); ones where ``present`` is false
+        (nothing is read then)."""
+        chan = gl.arange(0, D, layout=layout)
+        c = gl.load(SCALES + bh_q * NT_Q * D + chan, mask=present & (chan < D), other=1.0)
+        if WITH_DS:
+            bound = gl.load(DS_BOUND + head, mask=present, other=0)
+            c = c * gl.where(present, scale_from_amax(bound.to(gl.float32, bitcast=True), POW2), 1.0)
+        return c
+
+    @gluon.jit
+    def _producer(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem, k_smem,
+                  v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ, row_k0, n0, t_lo, t_hi,
+                  BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: the program's K and V tiles (two 64-key halves each) once, then per query head g
+        and query tile t its four FP8 copies (TMA) and its LSE' and D' (plain loads, shared stores)
+        into ring slot i % STAGES, i counting the tiles over all heads."""
+        mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            tma_load(k_desc, [row_k0 + n0 + w * HALF_K, 0], kv_bar, k_smem.index(w))
+            tma_load(v_desc, [row_k0 + n0 + w * HALF_K, 0], kv_bar, v_smem.index(w))
+        vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        offs = gl.arange(0, BLOCK_Q, layout=vec)
+        nbytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes + qt_desc.block_type.nbytes
+                                + dot_desc.block_type.nbytes)
+        n_t = t_hi - t_lo
+        for g in range(G):
+            row_q0 = (bh_q0 + g) * SQ
+            row_t0 = (bh_q0 + g) * D
+            for t in range(t_lo, t_hi):
+                i = g * n_t + t - t_lo
+                slot = i % STAGES
+                mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # the first round does not wait
+                bar = ready.index(slot)
+                mbarrier.expect(bar, nbytes)
+                q0 = t * BLOCK_Q
+                tma_load(q_desc, [row_q0 + q0, 0], bar, q_smem.index(slot))
+                tma_load(do_desc, [row_q0 + q0, 0], bar, do_smem.index(slot))
+                tma_load(qt_desc, [row_t0, q0], bar, qt_smem.index(slot))
+                tma_load(dot_desc, [row_t0, q0], bar, dot_smem.index(slot))
+                lse_smem.index(slot).store(gl.load(LSE2 + row_q0 + q0 + offs))
+                dl_smem.index(slot).store(gl.load(DELTA + row_q0 + q0 + offs))
+                mbarrier.arrive(bar, count=1)  # the slot's second arrival (expect is the first)
+
+    @gluon.jit
+    def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
+                        ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr, BLOCK_Q: gl.constexpr,
+                        STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """Query tiles t_a <= t < t_b of one query head (ring index i0 + t − t_a) into one
+        warpgroup's dK and dV: the Triton launch's one-exponential form (``_dkdv_tiles`` with
+        COMPUTE_DK, COMPUTE_DV and P_FIXED), the same fp32 operations per element."""
+        zero_s = gl.zeros([keys.shape[0], BLOCK_Q], gl.float32, s_layout)
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        for t in range(t_a, t_b):
+            i = i0 + t - t_a
+            slot = i % STAGES
+            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+            st = warpgroup_mma(k_reg, q_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_reg, do_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            lse2 = lse_smem.index(slot).load(cols) - 8.807354922057604  # log2 448: Pᵀ comes out as 448·Pᵀ
+            pt = gl.exp2(st * s_mul - gl.expand_dims(lse2, 0))  # 448 · Pᵀ
+            if MASKED:
+                pos_q = t * BLOCK_Q + gl.arange(0, BLOCK_Q, layout=cols)
+                vis = gl.expand_dims(pos_q, 0) >= gl.expand_dims(keys, 1)
+                pt = gl.where(vis, pt, 0.0)
+            p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)  # cvt.rn.satfinite, as cast_saturating
+            dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+            delta = dl_smem.index(slot).load(cols)
+            dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
+            ds8 = gl.convert_layout(dst.to(gl.float8e4nv), pa_layout)
+            dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(empty.index(slot), count=1)
+        return dk, dv
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
+                  QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
+                  t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
+                  D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
+        their dK and dV."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_Q, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 32])
+        ka_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+        pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        keys = n0 + WG * HALF_K + gl.arange(0, HALF_K, layout=gl.SliceLayout(1, s_layout))
+        vec: gl.constexpr = gl.SliceLayout(0, o_layout)
+        mbarrier.wait(kv_bar, 0)
+        k_reg = k_smem.index(WG).load(ka_layout)
+        v_reg = v_smem.index(WG).load(ka_layout)
+        dk = gl.zeros([HALF_K, D], gl.float32, o_layout)
+        dv = gl.zeros([HALF_K, D], gl.float32, o_layout)
+        n_t = t_hi - t_lo
+        for g in range(G):
+            bh_q = bh_q0 + g
+            # The Triton launch's per-head factors (bwd_dkdv_fp8_kernel, QDO_HEAD and DS_HEAD), in its order.
+            s_mul = gl.load(QRS + bh_q * SQ) * sk
+            ds_scale = ds_head_scale(DS_BOUND, seq * H + h0 + g, POW2)
+            ds_mul = ((gl.load(DORS + bh_q * SQ) * sv) * (1.0 / 448.0)) * gl.div_rn(1.0, ds_scale)
+            # Rescale by the previous head's channel factors over this head's (1 before the first head),
+            # one accumulator at a time: four D-channel vectors live beside dK and dV made the
+            # consumers spill.
+            head = seq * H + h0 + g
+            ratio = gl.div_rn(_channel_factor(QCS, DS_BOUND, bh_q - 1, head - 1, NT_Q, g > 0, True, D, POW2, vec),
+                              _channel_factor(QCS, DS_BOUND, bh_q, head, NT_Q, True, True, D, POW2, vec))
+            dk = dk * gl.expand_dims(ratio, 0)
+            ratio = gl.div_rn(_channel_factor(DOCS, DS_BOUND, bh_q - 1, head - 1, NT_Q, g > 0, False, D, POW2, vec),
+                              _channel_factor(DOCS, DS_BOUND, bh_q, head, NT_Q, True, False, D, POW2, vec))
+            dv = dv * gl.expand_dims(ratio, 0)
+            i0 = g * n_t
+            if CAUSAL:  # the program's diagonal tiles, masked; then every later query tile sees every key
+                dk, dv = _consumer_tiles(t_lo, t_m, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
+                                         lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, True, BLOCK_Q, STAGES,
+                                         s_layout, pa_layout)
+            dk, dv = _consumer_tiles(t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem,
+                                     dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False, BLOCK_Q,
+                                     STAGES, s_layout, pa_layout)
+        last = seq * H + h0 + G - 1
+        dk = (dk * gl.expand_dims(_channel_factor(QCS, DS_BOUND, bh_q0 + G - 1, last, NT_Q, True, True, D, POW2, vec),
+                                  0)) * tau
+        dv = (dv * gl.expand_dims(_channel_factor(DOCS, DS_BOUND, bh_q0 + G - 1, last, NT_Q, True, False, D, POW2,
+                                                  vec), 0)) * (1.0 / 448.0)
+        rows = gl.expand_dims(row_k0 + n0 + WG * HALF_K + gl.arange(0, HALF_K, layout=gl.SliceLayout(1, o_layout)), 1)
+        off = rows.to(gl.int64) * D + gl.expand_dims(gl.arange(0, D, layout=vec), 0)
+        gl.store(DK + off, dk.to(DK.dtype.element_ty))
+        gl.store(DV + off, dv.to(DV.dtype.element_ty))
+
+    @gluon.jit
+    def _dkdv_kernel(
+        q_desc, do_desc,  # row-wise codes of Q and dO: (B·Hq·Sq, D), boxes (BLOCK_Q, D)
+        qt_desc, dot_desc,  # channel-wise transposed codes: (B·Hq·D, Sq_pad), boxes (D, BLOCK_Q)
+        k_desc, v_desc,  # row-wise codes of K and V: (B·Hkv·Sk, D), boxes (HALF_K, D)
+        QRS, KRS, VRS, DORS,  # (B, H, S) fp32 row scales, one value per head
+        QCS, DOCS,  # (B, Hq, NT_Q, D) fp32 channel scales, the sequence's in tile 0
+        LSE2, DELTA,  # (B·Hq, Sq) fp32: LSE' and D'
+        DS_BOUND,  # (B·Hq,) int32: the bits of each query head's fp32 dS bound
+        DK, DV,  # (B, Hkv, Sk, D) in the input dtype
+        H, G, SQ, SK, NT_Q, qk_scale, tau,
+        BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
+        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        BLOCK_K: gl.constexpr = 2 * HALF_K
+        n_blk = gl.num_programs(0)
+        pid = gl.program_id(0) if CAUSAL else n_blk - 1 - gl.program_id(0)  # causal: longest key blocks first
+        bh_k = gl.program_id(1)
+        hkv = H // G
+        seq = bh_k // hkv
+        h0 = (bh_k % hkv) * G  # the kv head's first query head
+        bh_q0 = seq * H + h0
+        n0 = pid * BLOCK_K
+        row_k0 = bh_k * SK
+        t_hi = SQ // BLOCK_Q
+        if CAUSAL:
+            t_lo = n0 // BLOCK_Q
+            t_m = gl.minimum((n0 + BLOCK_K) // BLOCK_Q, t_hi)
+        else:
+            t_lo = 0
+            t_m = 0
+        sk = gl.load(KRS + bh_k * SK) * qk_scale
+        sv = gl.load(VRS + bh_k * SK)
+
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        qt_smem = gl.allocate_shared_memory(qt_desc.dtype, [STAGES] + qt_desc.block_type.shape, qt_desc.layout)
+        dot_smem = gl.allocate_shared_memory(dot_desc.dtype, [STAGES] + dot_desc.block_type.shape, dot_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
+        dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=2)  # the producer's expect (TMA bytes) and its vector stores
+            mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
+                         QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
+                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, STAGES)),
+            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
+                         QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
+                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, STAGES)),
+            (_producer, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem,
+                         k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ,
+                         row_k0, n0, t_lo, t_hi, BLOCK_Q, HALF_K, D, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "gluon_dkdv", "scope_reason", "unsupported_reason"]

@@ -1,0 +1,230 @@
+"""The fast recipes' dQ launch on Hopper, written in Gluon and warp-specialised.
+
+It computes what ``bwd_dq_fp8_kernel`` (backward_fp8.py) computes in its dQ launch (GRADS after
+the statistics launch, ``ds_scales="head"``), from the same FP8 copies, statistics and scales, and
+writes the same dQ up to the order of the fp32 accumulation: per key tile
+
+    S = (Q Kᵀ) · sq,   dP' = dO Vᵀ,   P' = 2^(S − LSE'^do + log2 s_dS),   dS' = P' (dP' − D'),
+    dQ += fp8(dS') · Kcᵀ
+
+and at the end dQ · s_dS · c_K · τ (``s_dS``: the query head's dS scale, ``c_K``: K's channel
+scales of the sequence). The mirror image of backward_dkdv_gluon.py: a producer warp brings each
+64-key tile's three FP8 copies (K and V row-wise for S and dP, Kᵀ channel-wise for dQ) by TMA into
+a ``STAGES``-deep ring; two consumer warpgroups own 64 queries each (128 per program) and share
+every key tile, each holding its Q and dO codes in registers (the A operands of S and dP).
+
+One program per (128 queries, batch · query head); causal programs with the most key tiles first.
+Scope (:func:`scope_reason`): the fast recipes in E4M3, head dim 128, dense batches, query lengths
+a multiple of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap or
+K-smoothing row constant, no debug row sums.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import FP8AttentionConfig
+from ..masking import MaskSpec
+from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason
+
+if gluon is not None:
+    from .gluon_hopper import ds_head_scale, gl, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait
+
+HEAD_DIMS = (128, )
+HALF_Q, BLOCK_N, STAGES = 64, 64, 3  # queries per consumer warpgroup; keys per tile; ring depth
+BLOCK_M = 2 * HALF_Q
+CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+
+
+def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
+                 mod_meta: dict) -> str | None:
+    """None when the call is in the kernel's scope (any device), else why not (one short phrase).
+    ``shape_q`` (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``."""
+    reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
+    if reason is not None:
+        return reason
+    sq, d, sk = shape_q[2], shape_q[3], shape_k[2]
+    if d not in HEAD_DIMS:
+        return f"head dim {d} (built for {', '.join(map(str, HEAD_DIMS))})"
+    if sq == 0 or sk == 0 or sq % BLOCK_M or sk % BLOCK_N:
+        return f"sequence lengths {sq} / {sk} (need multiples of {BLOCK_M} / {BLOCK_N})"
+    if mask.causal and sq != sk:
+        return "causal with fewer queries than keys"
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,
+                       mod_meta: dict) -> str | None:
+    """None when :func:`gluon_dq` runs this backward's dQ, else why not: :func:`scope_reason`, then
+    the device (:func:`.gluon_hopper.device_reason`)."""
+    return scope_reason(tuple(q.shape), tuple(k.shape), mask, config, mod_meta) or device_reason(q)
+
+
+def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *, groups: int, qk_scale: float,
+             tau: float, causal: bool, pow2: bool) -> None:
+    """Fill ``dq`` (B, Hq, Sq, 128), in the inputs' dtype, after the backward's statistics launch
+    (backward.py's ``_launch_fp8``):
+
+    - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs`` (B, Hq, Sq) fp32:
+      Q's scales (one per head, repeated per token);
+    - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs`` (B, Hkv, Sk) fp32: K's and V's codes, K's
+      scales; ``kct`` (B, Hkv, 128, Sk_pad) e4m3: K's channel-wise transposed codes, ``kcs``
+      (B, Hkv, n_tiles, 128) fp32 their channel scales (the sequence's, in tile 0);
+    - ``lse2do``, ``delta`` (B·Hq, Sq) fp32: LSE'^do and D'; ``ds_bound`` (B·Hq,) int32: the bits
+      of each query head's fp32 dS bound.
+
+    ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
+    factor); ``tau``: the softmax scale."""
+    b, hq, sq, d = qr.shape
+    sk = kr.shape[2]
+    descs = (descriptor(qr.view(-1, d), (HALF_Q, d)), descriptor(dor.view(-1, d), (HALF_Q, d)),
+             descriptor(kr.view(-1, d), (BLOCK_N, d)), descriptor(vr.view(-1, d), (BLOCK_N, d)),
+             descriptor(kct.view(-1, kct.shape[-1]), (d, BLOCK_N)))
+    _dq_kernel[(sq // BLOCK_M, b * hq)](
+        *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
+        hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+
+
+if gluon is not None:
+    @gluon.jit
+    def _producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready,
+                  empty, row_q0, row_k0, row_t0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """One warp: the program's Q and dO tiles (two 64-query halves each) once, then per key tile
+        t its three FP8 copies (TMA) into ring slot t % STAGES."""
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+            tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + kt_desc.block_type.nbytes
+        for t in range(0, t_hi):
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
+            tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
+            tma_load(kt_desc, [row_t0, t * BLOCK_N], bar, kt_smem.index(slot))
+
+    @gluon.jit
+    def _consumer_tiles(t_a, t_b, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p, delta,
+                        MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """Key tiles t_a <= t < t_b into one warpgroup's dQ: the Triton launch's ``_dq_tiles`` with
+        DS_HEAD and COL_SEQ, the same fp32 operations per element. SKIP: tiles no query of this
+        warpgroup sees (the other one does): only their ring slots are released."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        for t in range(t_a, t_b):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            if not SKIP:
+                s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                p = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(lse_p, 1))  # P' = P · sdo / s_dS
+                if MASKED:
+                    keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
+                    p = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), p, 0.0)
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+                ds8 = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(gl.float8e4nv), pa_layout)
+                dq = warpgroup_mma(ds8, kt_smem.index(slot).permute((1, 0)), dq, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            mbarrier.arrive(empty.index(slot), count=1)
+        return dq
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
+                  DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
+                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                  POW2: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 32])
+        qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+        pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        q0 = m0 + WG * HALF_Q
+        queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
+        stat = bh_q * SQ + queries
+        # The Triton launch's per-row factors (bwd_dq_fp8_kernel with KV_HEAD and DS_HEAD), in its order.
+        sq = (gl.load(QRS + stat) * qk_scale) * gl.load(KRS + bh_k * SK)
+        ds_scale = ds_head_scale(DS_BOUND, bh_q, POW2)  # (dense: bh_q = sequence · H + head)
+        lse_p = gl.load(LSE2DO + stat) - gl.log2(gl.div_rn(1.0, ds_scale))
+        delta = gl.load(DELTA + stat)
+        mbarrier.wait(q_bar, 0)
+        q_reg = q_smem.index(WG).load(qa_layout)
+        do_reg = do_smem.index(WG).load(qa_layout)
+        dq = gl.zeros([HALF_Q, D], gl.float32, o_layout)
+        if CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
+            t_diag = q0 // BLOCK_N
+            dq = _consumer_tiles(0, t_diag, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
+            dq = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
+                                 ready, empty, queries, sq, lse_p, delta, True, False, BLOCK_N, STAGES, s_layout,
+                                 pa_layout)
+            dq = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
+                                 empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout)
+        else:
+            dq = _consumer_tiles(0, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
+        chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        dq = dq * ds_scale
+        dq = dq * gl.expand_dims(gl.load(KCS + bh_k * NT_K * D + chan), 0)
+        dq = dq * tau
+        rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
+        gl.store(DQ + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), dq.to(DQ.dtype.element_ty))
+
+    @gluon.jit
+    def _dq_kernel(
+        q_desc, do_desc,  # row-wise codes of Q and dO: (B·Hq·Sq, D), boxes (HALF_Q, D)
+        k_desc, v_desc,  # row-wise codes of K and V: (B·Hkv·Sk, D), boxes (BLOCK_N, D)
+        kt_desc,  # K's channel-wise transposed codes: (B·Hkv·D, Sk_pad), boxes (D, BLOCK_N)
+        QRS, KRS,  # (B, H, S) fp32 row scales, one value per head
+        KCS,  # (B, Hkv, NT_K, D) fp32 channel scales, the sequence's in tile 0
+        LSE2DO, DELTA,  # (B·Hq, Sq) fp32: LSE'^do and D'
+        DS_BOUND,  # (B·Hq,) int32: the bits of each query head's fp32 dS bound
+        DQ,  # (B, Hq, Sq, D) in the input dtype
+        H, G, SQ, SK, NT_K, qk_scale, tau,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
+        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        BLOCK_M: gl.constexpr = 2 * HALF_Q
+        n_blk = gl.num_programs(0)
+        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)  # causal: longest query blocks first
+        bh_q = gl.program_id(1)
+        seq = bh_q // H
+        bh_k = seq * (H // G) + (bh_q % H) // G
+        m0 = pid * BLOCK_M
+        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [STAGES] + kt_desc.block_type.shape, kt_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)  # the producer's expect (TMA bytes)
+            mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
+                         DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 0, HALF_Q, BLOCK_N, D,
+                         CAUSAL, POW2, STAGES)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
+                         DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 1, HALF_Q, BLOCK_N, D,
+                         CAUSAL, POW2, STAGES)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar,
+                         ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "gluon_dq", "scope_reason", "unsupported_reason"]

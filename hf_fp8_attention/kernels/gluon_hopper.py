@@ -1,0 +1,100 @@
+"""What the backward's warp-specialised Gluon kernels for Hopper share (backward_dkdv_gluon.py,
+backward_dq_gluon.py): Gluon's imports, the device check, the recipe check, FP8 TMA descriptors
+and the scale rule of :func:`.quantize.scale_from_amax` in Gluon.
+
+Both kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
+per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
+scale per query head) on dense batches, and compute what the Triton launches they replace compute,
+from the same FP8 copies, statistics and scales.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..config import FP8AttentionConfig, FP8Format, Granularity, PScaling
+from ..masking import MaskSpec
+from .quantize import interpreting
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except (ImportError, AttributeError):
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def recipe_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
+                  mod_meta: dict) -> str | None:
+    """None when the call is one the Gluon backward kernels are written for (recipe, formats, logit
+    modifiers, dense batch, 32-bit TMA coordinates), else why not (one short phrase). ``shape_q``
+    (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``'s constexprs."""
+    if not (config.qdo_scales is Granularity.HEAD and config.kv_scales is Granularity.HEAD
+            and config.channel_scales is not Granularity.TILE and config.p_scales is PScaling.FIXED
+            and config.ds_scales is Granularity.HEAD):
+        return "a recipe other than the fast ones"
+    if any(f is not FP8Format.E4M3 for f in (config.q_format, config.k_format, config.v_format, config.do_format,
+                                            config.ds_format)):
+        return "a format other than E4M3"
+    if mod_meta.get("SOFTCAP") or mod_meta.get("ROW_SHIFT"):
+        return "soft-capping or a row constant"
+    if mask.is_varlen or mask.window is not None:
+        return "packed sequences or a sliding window"
+    b, hq, sq, d = shape_q
+    hkv, sk = shape_k[1], shape_k[2]
+    if b * hq * max(sq, d) >= 2**31 or b * hkv * max(sk, d) >= 2**31:
+        return "more rows than TMA's int32 coordinates address"
+    return None
+
+
+def device_reason(q: torch.Tensor) -> str | None:
+    """None on a Hopper GPU with Gluon (not the interpreter), else why not."""
+    if gluon is None:
+        return "Triton without Gluon"
+    if interpreting() or not q.is_cuda:
+        return "not on a CUDA device"
+    if _capability(q.device.index) != (9, 0):
+        return "not a Hopper (sm_90) GPU"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple[int, int]):
+    """The default MMA shared layout of an FP8 box (cached: built on every call otherwise)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.float8e4nv)
+
+
+def descriptor(codes_2d: torch.Tensor, block: tuple[int, int]) -> "TensorDescriptor":
+    """TMA descriptor of a 2-D view of FP8 codes, ``block``-shaped boxes in the default MMA layout."""
+    return TensorDescriptor(codes_2d, list(codes_2d.shape), list(codes_2d.stride()), list(block), _smem_layout(block))
+
+
+if gluon is not None:
+    # The TMA load was renamed between Triton 3.6 (async_copy_global_to_shared) and 3.7 (async_load).
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+    @gluon.jit
+    def scale_from_amax(amax, POW2: gl.constexpr):
+        """quantize.scale_from_amax for E4M3 (FMAX 448) in Gluon: amax / 448 floored at 2^-126
+        (NaN kept), pow2: rounded up through the bits; 1 where amax == 0."""
+        scale = gl.div_rn(amax, 448.0)
+        scale = gl.where(scale < 1.1754943508222875e-38, 1.1754943508222875e-38, scale)
+        if POW2:
+            bits = scale.to(gl.int32, bitcast=True)
+            expo = bits & 0x7F800000
+            up = gl.where((bits & 0x007FFFFF) != 0, expo + 0x00800000, expo)
+            scale = gl.where(scale < float("inf"), up.to(gl.float32, bitcast=True), scale)
+        return gl.where(amax == 0.0, 1.0, scale)
+
+    @gluon.jit
+    def ds_head_scale(DS_BOUND, head, POW2: gl.constexpr):
+        """dS's one scale of query head ``head`` (sequence · H + head index) from its fp32 bound's
+        bits, as backward_fp8.ds_head_scale."""
+        return scale_from_amax(gl.load(DS_BOUND + head).to(gl.float32, bitcast=True), POW2)

@@ -1,0 +1,150 @@
+"""The fast recipes' Gluon backward kernels on a Hopper GPU: dQ (kernels/backward_dq_gluon.py) and the
+fused dK/dV (kernels/backward_dkdv_gluon.py).
+
+Each test enables both kernels at every head dim they are built for, and first checks that each
+kernel whose scope the case is in ran (spies on their entry points), so none can pass on the
+Triton launches alone.
+
+- Against the emulation, with the bounds of tests/gpu/test_backward_kernel.py (GRAD_REL, BF16_REL:
+  the code-flip noise of Hopper's FP8 accumulation on problems of hundreds of rows and keys).
+- Against the Triton launch each replaces (its ``LAUNCH`` key set to ``()``), on the same inputs:
+  the gradients the kernel does not form must be bit-identical (every launch is deterministic);
+  the ones it forms come from the same FP8 codes multiplied in the same MMA shapes and tile order,
+  so they may differ only where an fp32 per-element factor rounds differently (grouping, FMA
+  contraction) by a few ulp before an FP8 cast: a code flips only within a few 2^-23 of a rounding
+  boundary 2^-3 wide, a share of ~1e-5, and each flip moves its term by one FP8 step. ``AB_REL`` =
+  1e-3 needs ~1e-4 of the terms to flip (sqrt(1/2) · 2^-3 · sqrt(share) = 1e-3), ten times that
+  share, and is still ten times below GRAD_REL: a wrong scale, a lost tile or a wrong head shows as
+  O(1).
+- NaN in dO reaches the same gradient elements as through the Triton launches (nothing hidden).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from helpers import make_qkv, rel_err  # noqa: E402
+from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
+
+from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+AB_REL = 1e-3  # see the module docstring
+KERNELS = {"gluon_dq": backward_dq_gluon, "gluon_dkdv": backward_dkdv_gluon}  # LAUNCH key: module
+
+# name: ((B, Hq, Hkv, Sq, Sk, D), causal)
+SHAPES = {
+    "causal_gqa_d128": ((1, 4, 2, 512, 512, 128), True),
+    "dense_d128_sq_lt_sk": ((2, 2, 2, 256, 512, 128), False),
+    "causal_g3_d128": ((1, 6, 2, 384, 384, 128), True),
+    "causal_g3_d64": ((1, 6, 2, 384, 384, 64), True),  # dK/dV only (dQ is built for 128)
+    "dense_mqa_d64": ((2, 4, 1, 256, 256, 64), False),
+}
+RECIPES = {
+    "fp8_delta_fast": FP8AttentionConfig.from_recipe("fp8_delta_fast"),
+    "fp8_stale_fast": FP8AttentionConfig.from_recipe("fp8_stale_fast"),
+    "fp8_delta_fast+pow2": FP8AttentionConfig.from_recipe("fp8_delta_fast", pow2_scales=True),
+}
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Both kernels enabled at every head dim they are built for; returns their launch counts since
+    the test began ({LAUNCH key: count})."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    reason = backward_dkdv_gluon.unsupported_reason(torch.empty(1, 1, 128, 128, device="cuda"),
+                                                    torch.empty(1, 1, 128, 128, device="cuda"),
+                                                    MaskSpec(causal=True), RECIPES["fp8_delta_fast"], {})
+    if reason is not None:
+        pytest.skip(f"the Gluon backward kernels do not run here: {reason}")
+    calls = dict.fromkeys(KERNELS, 0)
+    for key, module in KERNELS.items():
+        monkeypatch.setitem(backward.LAUNCH, key, module.HEAD_DIMS)
+        entry = "gluon_dq" if module is backward_dq_gluon else "gluon_dkdv"
+        run = getattr(module, entry)
+
+        def spy(*args, _run=run, _key=key, **kwargs):
+            calls[_key] += 1
+            return _run(*args, **kwargs)
+        monkeypatch.setattr(module, entry, spy)
+    return calls
+
+
+def _problem(shape: str, seed: int = 3):
+    """((q, k, v, dO) fp32 on the CPU, mask, softmax scale, {LAUNCH key: in the kernel's scope})."""
+    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape]
+    mask = MaskSpec(causal=causal)
+    scope = {key: module.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, RECIPES["fp8_delta_fast"], {}) is None
+             for key, module in KERNELS.items()}
+    return make_qkv(b, hq, hkv, sq, sk, d, dtype=torch.float32, seed=seed), mask, d**-0.5, scope
+
+
+def _gpu_backward(tensors, mask, scale, config, dtype):
+    """The Triton forward and the backward on the GPU: (dq, dk, dv)."""
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    q, k, v, do = (t.to("cuda", dtype) for t in tensors)
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+    return backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gluon_backward_matches_emulation(shape, recipe, dtype, gluon_calls):
+    tensors, mask, scale, scope = _problem(shape)
+    config = RECIPES[recipe]
+    got = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls == {key: int(inside) for key, inside in scope.items()}
+    q, k, v, do = (t.to(dtype).float() for t in tensors)  # the GPU's inputs, on the CPU
+    out, lse = emulated_forward(q, k, v, scale=scale, mask=mask, config=config)
+    ref = emulated_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    bound = GRAD_REL if dtype == torch.float32 else BF16_REL
+    for label, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.isfinite(x).all(), label
+        assert rel_err(x.float().cpu(), r) <= bound, (label, rel_err(x.float().cpu(), r))
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES)[:2])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gluon_backward_matches_triton_launches(shape, recipe, gluon_calls, monkeypatch):
+    tensors, mask, scale, scope = _problem(shape, seed=11)
+    config, dtype = RECIPES[recipe], torch.bfloat16
+    both = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls == {key: int(inside) for key, inside in scope.items()}
+    for key, formed in (("gluon_dq", (0, )), ("gluon_dkdv", (1, 2))):
+        if not scope[key]:
+            continue
+        with monkeypatch.context() as patch:
+            patch.setitem(backward.LAUNCH, key, ())
+            triton = _gpu_backward(tensors, mask, scale, config, dtype)
+        for i, label in enumerate(("dq", "dk", "dv")):
+            if i in formed:
+                assert rel_err(both[i], triton[i]) <= AB_REL, (key, label, rel_err(both[i], triton[i]))
+            else:
+                assert torch.equal(both[i], triton[i]), (key, label, "not formed by the kernel: must be identical")
+
+
+def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
+    tensors, mask, scale, _ = _problem("causal_gqa_d128", seed=5)
+    tensors[3][0, 1, 300, 7] = float("nan")  # one element of dO, query head 1 (kv head 0)
+    config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
+    got = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls == {"gluon_dq": 1, "gluon_dkdv": 1}
+    for key in KERNELS:
+        monkeypatch.setitem(backward.LAUNCH, key, ())
+    want = _gpu_backward(tensors, mask, scale, config, dtype)
+    for label, x, r in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isnan(r).any(), f"{label}: the Triton launches show the NaN"
+        assert torch.equal(torch.isnan(x), torch.isnan(r)), label

@@ -1,0 +1,98 @@
+"""Where the fast recipes' Gluon backward kernels run (CPU; their numerics are checked on a Hopper GPU
+by tests/gpu/test_gluon_backward.py), and that they build for sm_90a with this machine's Triton."""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_fp8_attention import FP8AttentionConfig
+from hf_fp8_attention.config import FP8Format
+from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon, gluon_hopper
+from hf_fp8_attention.masking import MaskSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+FAST = FP8AttentionConfig.from_recipe("fp8_delta_fast")
+CAUSAL = MaskSpec(causal=True)
+
+
+def _reason(shape_q=(2, 4, 512, 128), shape_k=(2, 2, 512, 128), mask=CAUSAL, config=FAST, mods=None,
+            module=backward_dkdv_gluon):
+    return module.scope_reason(shape_q, shape_k, mask, config, mods or {})
+
+
+@pytest.mark.parametrize("module", (backward_dkdv_gluon, backward_dq_gluon))
+def test_in_scope(module):
+    assert _reason(module=module) is None
+    assert _reason(config=FP8AttentionConfig.from_recipe("fp8_stale_fast"), module=module) is None
+    # Sq < Sk without a causal mask
+    assert _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec(), module=module) is None
+
+
+def test_scopes_differ_in_head_dims_and_lengths():
+    assert _reason(shape_q=(1, 9, 256, 64), shape_k=(1, 3, 256, 64)) is None  # GQA, head dim 64
+    assert "head dim 64" in _reason(shape_q=(1, 9, 256, 64), shape_k=(1, 3, 256, 64), module=backward_dq_gluon)
+    assert _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec()) is None
+    assert "sequence lengths" in _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec(),
+                                         module=backward_dq_gluon)
+    assert "sequence lengths" in _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec())
+    assert _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec(),
+                   module=backward_dq_gluon) is None
+
+
+@pytest.mark.parametrize("module", (backward_dkdv_gluon, backward_dq_gluon))
+@pytest.mark.parametrize("change, words", [
+    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta")), "recipe"),
+    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta_tile")), "recipe"),
+    (dict(config=FAST.replace(do_format=FP8Format.E5M2)), "format"),
+    (dict(mods={"SOFTCAP": True}), "soft-capping"),
+    (dict(mods={"ROW_SHIFT": True}), "row constant"),
+    (dict(mask=MaskSpec(causal=True, window=64)), "window"),
+    (dict(mask=MaskSpec(causal=True, cu_seqlens_q=torch.tensor([0, 512], dtype=torch.int32),
+                        cu_seqlens_k=torch.tensor([0, 512], dtype=torch.int32))), "packed"),
+    (dict(shape_q=(2, 4, 512, 96), shape_k=(2, 2, 512, 96)), "head dim 96"),
+    (dict(shape_q=(2, 4, 500, 128), shape_k=(2, 2, 500, 128)), "sequence lengths"),
+    (dict(shape_q=(2, 4, 256, 128)), "causal with fewer queries"),
+])
+def test_out_of_scope_names_the_reason(change, words, module):
+    reason = _reason(**change, module=module)
+    assert reason is not None and words in reason
+
+
+def test_cpu_tensors_take_the_triton_launches():
+    q = torch.zeros(1, 2, 256, 128)
+    for key, module in (("gluon_dkdv", backward_dkdv_gluon), ("gluon_dq", backward_dq_gluon)):
+        assert module.unsupported_reason(q, q, CAUSAL, FAST, {}) is not None
+        assert not backward._gluon_runs(module, key, q, q, CAUSAL, FAST, {})
+
+
+@pytest.mark.parametrize("name, module", (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon)))
+def test_compiles_for_sm90(name, module):
+    """Built as the GPU builds it: the consumers' tile loops keep their accumulators in registers
+    (no local-memory traffic beyond one reload) and shared memory fits a block."""
+    compile_sm90 = pytest.importorskip("compile_sm90")
+    for d in module.HEAD_DIMS:
+        compiled = compile_sm90.compile_gluon(name, d, causal=True)
+        if compiled is None:
+            pytest.skip("this Triton has no Gluon")
+        assert compiled.metadata.shared <= 227 * 1024
+        loops = compile_sm90.mma_loops(compiled)
+        assert loops, "no MMA loop found in the SASS"
+        assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in loops), (d, loops)
+
+
+def test_device_checks(monkeypatch):
+    """The device half of ``unsupported_reason`` on a stand-in for a CUDA tensor (no GPU here)."""
+    if gluon_hopper.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    fake = SimpleNamespace(shape=(1, 2, 256, 128), is_cuda=True, device=SimpleNamespace(index=0))
+    monkeypatch.setattr(gluon_hopper, "interpreting", lambda: False)
+    for module in (backward_dkdv_gluon, backward_dq_gluon):
+        monkeypatch.setattr(gluon_hopper, "_capability", lambda index: (8, 9))
+        assert "Hopper" in module.unsupported_reason(fake, fake, CAUSAL, FAST, {})
+        monkeypatch.setattr(gluon_hopper, "_capability", lambda index: (9, 0))
+        assert module.unsupported_reason(fake, fake, CAUSAL, FAST, {}) is None
