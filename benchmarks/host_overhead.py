@@ -11,7 +11,9 @@ autograd:
 - ``launches``: GPU kernels per call;
 - ``x sdpa``: host time over SDPA cuDNN's and SDPA flash's, measured in the same run.
 
-``--cudagraphs`` adds ``fp8_delta_cudagraphs``: the same step under
+``--recipe`` names the FP8 recipe (default ``fp8_delta``); ``--triton-backward`` runs the Triton
+launches where the fast recipes' Gluon backward kernels would run (``backward.LAUNCH``), for an A/B of
+their host time. ``--cudagraphs`` adds ``fp8_delta_cudagraphs``: the same step under
 ``torch.compile(mode="reduce-overhead")``, which records the op's kernels into CUDA graphs and
 replays them (its step computes ``(out * dO).sum()`` and calls ``backward()``, the same gradients).
 
@@ -40,8 +42,8 @@ from hf_fp8_attention import FP8AttentionConfig, fp8_attention  # noqa: E402
 SHAPES = ((1, 8, 512), (1, 16, 1024), (2, 16, 2048), (1, 32, 4096))  # (B, H, S)
 
 
-def _step_fns(q, k, v, do):
-    cfg = FP8AttentionConfig.from_recipe("fp8_delta")
+def _step_fns(q, k, v, do, recipe: str):
+    cfg = FP8AttentionConfig.from_recipe(recipe)
 
     def ours():
         fp8_attention(q, k, v, causal=True, config=cfg).backward(do)
@@ -52,7 +54,7 @@ def _step_fns(q, k, v, do):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
         return step
 
-    return {"fp8_delta": ours, "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    return {recipe: ours, "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION)}
 
 
@@ -95,14 +97,14 @@ def _gpu_us(fn, calls: int = 10) -> tuple[float, float]:
     return sum(e.device_time for e in kernels) / calls, len(kernels) / calls
 
 
-def run(calls: int, cudagraphs: bool) -> list[dict]:
+def run(calls: int, cudagraphs: bool, recipe: str = "fp8_delta") -> list[dict]:
     rows = []
     for b, h, s in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
                    for _ in range(3))
         do = torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-        steps = _step_fns(q, k, v, do)
+        steps = _step_fns(q, k, v, do, recipe)
         if cudagraphs:
             steps["fp8_delta_cudagraphs"] = _cudagraph_step(q, k, v, do)
         for name, fn in steps.items():
@@ -133,14 +135,20 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=200, help="calls per host-time loop")
     p.add_argument("--cudagraphs", action="store_true",
                    help='also time fp8_delta under torch.compile(mode="reduce-overhead")')
+    p.add_argument("--recipe", default="fp8_delta", help="the FP8 recipe timed (a name of RECIPES)")
+    p.add_argument("--triton-backward", action="store_true",
+                   help="the Triton launches in place of the fast recipes' Gluon backward kernels")
     p.add_argument("--tag", default="host_overhead")
     p.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_overhead: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.triton_backward:
+        from hf_fp8_attention.kernels import backward
+        backward.LAUNCH["gluon_dq"] = backward.LAUNCH["gluon_dkdv"] = ()
     env = environment()
-    rows = run(args.calls, args.cudagraphs)
+    rows = run(args.calls, args.cudagraphs, args.recipe)
     write_results(args.out_dir, args.tag, render(env, rows), {"env": env, "rows": rows})
     return 0
 
