@@ -35,7 +35,7 @@ import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason
+from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
 
 if gluon is not None:
     from .gluon_hopper import (
@@ -55,17 +55,8 @@ def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8Atte
     """None when the call is in the kernel's scope (any device), else why not (one short phrase).
     ``shape_q`` (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D): the inputs' shapes; ``mod_meta``: the
     logit modifiers' constexprs (``LogitMods.meta``)."""
-    reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
-    if reason is not None:
-        return reason
-    sq, d, sk = shape_q[2], shape_q[3], shape_k[2]
-    if d not in HEAD_DIMS:
-        return f"head dim {d} (built for {', '.join(map(str, HEAD_DIMS))})"
-    if sq == 0 or sq % BLOCK_Q or sk % BLOCK_K:
-        return f"sequence lengths {sq} / {sk} (need multiples of {BLOCK_Q} / {BLOCK_K})"
-    if mask.causal and sq != sk:
-        return "causal with fewer queries than keys"
-    return None
+    return (recipe_reason(shape_q, shape_k, mask, config, mod_meta)
+            or shape_reason(shape_q, shape_k, mask, HEAD_DIMS, BLOCK_Q, BLOCK_K))
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,

@@ -54,6 +54,20 @@ def recipe_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8Att
     return None
 
 
+def shape_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, head_dims: tuple, q_multiple: int,
+                 k_multiple: int) -> str | None:
+    """None when a kernel built for ``head_dims``, whole tiles of ``q_multiple`` queries and
+    ``k_multiple`` keys, and a causal mask only on square problems takes these shapes, else why not."""
+    sq, d, sk = shape_q[2], shape_q[3], shape_k[2]
+    if d not in head_dims:
+        return f"head dim {d} (built for {', '.join(map(str, head_dims))})"
+    if sq == 0 or sk == 0 or sq % q_multiple or sk % k_multiple:
+        return f"sequence lengths {sq} / {sk} (need multiples of {q_multiple} / {k_multiple})"
+    if mask.causal and sq != sk:
+        return "causal with fewer queries than keys"
+    return None
+
+
 def device_reason(q: torch.Tensor) -> str | None:
     """None on a Hopper GPU with Gluon (not the interpreter), else why not."""
     if gluon is None:
