@@ -100,12 +100,12 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16"):
     """One of the fast recipes' Gluon backward kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
-    ``"dq"``: kernels/backward_dq_gluon.py) built for sm_90a at head dim ``d``, as the package
-    launches it; None where this Triton has no Gluon."""
+    ``"dq"``: kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py) built for
+    sm_90a at head dim ``d``, as the package launches it; None where this Triton has no Gluon."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, gluon_hopper
+    from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, gluon_hopper
     if gluon_hopper.gluon is None:
         return None
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -121,19 +121,24 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
                      dot_desc=(d, mod.BLOCK_Q), k_desc=(mod.HALF_K, d), v_desc=(mod.HALF_K, d))
         outs = ("DK", "DV")
     else:
-        mod = backward_dq_gluon
-        kernel = mod._dq_kernel
+        mod = backward_dq_gluon if kernel_name == "dq" else backward_stats_gluon
+        kernel = mod._dq_kernel if kernel_name == "dq" else mod._stats_kernel
         consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N)
         descs = dict(q_desc=(mod.HALF_Q, d), do_desc=(mod.HALF_Q, d), k_desc=(mod.BLOCK_N, d),
-                     v_desc=(mod.BLOCK_N, d), kt_desc=(d, mod.BLOCK_N))
-        outs = ("DQ", )
-    consts.update(D=d, CAUSAL=causal, POW2=False, STAGES=mod.STAGES, CONSUMER_REGS=mod.CONSUMER_REGS,
+                     v_desc=(mod.BLOCK_N, d))
+        if kernel_name == "dq":
+            descs["kt_desc"] = (d, mod.BLOCK_N)
+        outs = ("DQ", ) if kernel_name == "dq" else ()
+    consts.update(D=d, CAUSAL=causal, STAGES=mod.STAGES, CONSUMER_REGS=mod.CONSUMER_REGS,
                   PRODUCER_REGS=mod.PRODUCER_REGS)
+    if "POW2" in kernel.arg_names:
+        consts["POW2"] = False
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
     sig.update({name: f"*{out_dtype}" for name in outs})
-    sig.update(DS_BOUND="*i32", qk_scale="fp32", tau="fp32")
+    sig.update({name: kind for name, kind in (("DS_BOUND", "*i32"), ("qk_scale", "fp32"), ("tau", "fp32"))
+                if name in kernel.arg_names})
     sig.update({name: "constexpr" for name in consts})
     src = GluonASTSource(kernel, sig, constexprs={(kernel.arg_names.index(n), ): v for n, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=mod.MAXNREG))
@@ -179,6 +184,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
     parser.add_argument("--gluon", action="store_true", help="the Gluon backward kernels' shared memory and loops")
+    parser.add_argument("--json", action="store_true", help="with --gluon: one JSON line instead of the table")
     parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
     args = parser.parse_args(argv)
     if args.digest:  # the package on PYTHONPATH (the other checkout's)
@@ -186,17 +192,25 @@ def main(argv=None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     if args.gluon:
-        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon
-        for name, dims in (("dkdv", backward_dkdv_gluon.HEAD_DIMS), ("dq", backward_dq_gluon.HEAD_DIMS)):
+        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
+        rows = []
+        for name, dims in (("dkdv", backward_dkdv_gluon.HEAD_DIMS), ("dq", backward_dq_gluon.HEAD_DIMS),
+                           ("stats", backward_stats_gluon.HEAD_DIMS)):
             for d in dims:
                 for causal in (True, False):
                     compiled = compile_gluon(name, d, causal)
                     if compiled is None:
                         print("this Triton has no Gluon")
-                        return 1
-                    stl = sum(line.startswith("STL") for line in sass_lines(compiled))
-                    print(f"{name:4s} d={d:3d} causal={causal!s:5s} {compiled.metadata.shared:6d} B shared memory, "
-                          f"{stl} spill stores in all; MMA loops: {mma_loops(compiled)}")
+                        return 3
+                    rows.append(dict(kernel=name, d=d, causal=causal, shared=compiled.metadata.shared,
+                                     spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
+                                     mma_loops=mma_loops(compiled)))
+                    if not args.json:
+                        r = rows[-1]
+                        print(f"{name:5s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared memory, "
+                              f"{r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
+        if args.json:
+            print(json.dumps(rows))
         return 0
     if args.against is None:
         for mods in MODS:

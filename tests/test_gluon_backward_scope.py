@@ -2,6 +2,9 @@
 by tests/gpu/test_gluon_backward.py), and that they build for sm_90a with this machine's Triton."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from types import SimpleNamespace
 from pathlib import Path
@@ -11,10 +14,12 @@ import torch
 
 from hf_fp8_attention import FP8AttentionConfig
 from hf_fp8_attention.config import FP8Format
-from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon, gluon_hopper
+from hf_fp8_attention.kernels import (
+    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, gluon_hopper,
+)
 from hf_fp8_attention.masking import MaskSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 FAST = FP8AttentionConfig.from_recipe("fp8_delta_fast")
 CAUSAL = MaskSpec(causal=True)
@@ -25,12 +30,22 @@ def _reason(shape_q=(2, 4, 512, 128), shape_k=(2, 2, 512, 128), mask=CAUSAL, con
     return module.scope_reason(shape_q, shape_k, mask, config, mods or {})
 
 
-@pytest.mark.parametrize("module", (backward_dkdv_gluon, backward_dq_gluon))
+MODULES = (backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon)
+
+
+@pytest.mark.parametrize("module", MODULES)
 def test_in_scope(module):
     assert _reason(module=module) is None
-    assert _reason(config=FP8AttentionConfig.from_recipe("fp8_stale_fast"), module=module) is None
     # Sq < Sk without a causal mask
     assert _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec(), module=module) is None
+
+
+def test_the_statistics_kernel_runs_the_matched_delta_without_sinks():
+    stale = FP8AttentionConfig.from_recipe("fp8_stale_fast")
+    assert _reason(config=stale) is None and _reason(config=stale, module=backward_dq_gluon) is None
+    assert "stale" in _reason(config=stale, module=backward_stats_gluon)
+    assert _reason(mods={"SINK": True}) is None
+    assert "sinks" in _reason(mods={"SINK": True}, module=backward_stats_gluon)
 
 
 def test_scopes_differ_in_head_dims_and_lengths():
@@ -44,7 +59,7 @@ def test_scopes_differ_in_head_dims_and_lengths():
                    module=backward_dq_gluon) is None
 
 
-@pytest.mark.parametrize("module", (backward_dkdv_gluon, backward_dq_gluon))
+@pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("change, words", [
     (dict(config=FP8AttentionConfig.from_recipe("fp8_delta")), "recipe"),
     (dict(config=FP8AttentionConfig.from_recipe("fp8_delta_tile")), "recipe"),
@@ -65,24 +80,31 @@ def test_out_of_scope_names_the_reason(change, words, module):
 
 def test_cpu_tensors_take_the_triton_launches():
     q = torch.zeros(1, 2, 256, 128)
-    for key, module in (("gluon_dkdv", backward_dkdv_gluon), ("gluon_dq", backward_dq_gluon)):
+    for key, module in (("gluon_dkdv", backward_dkdv_gluon), ("gluon_dq", backward_dq_gluon),
+                        ("gluon_dq_stats", backward_stats_gluon)):
         assert module.unsupported_reason(q, q, CAUSAL, FAST, {}) is not None
         assert not backward._gluon_runs(module, key, q, q, CAUSAL, FAST, {})
 
 
-@pytest.mark.parametrize("name, module", (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon)))
-def test_compiles_for_sm90(name, module):
-    """Built as the GPU builds it: the consumers' tile loops keep their accumulators in registers
-    (no local-memory traffic beyond one reload) and shared memory fits a block."""
-    compile_sm90 = pytest.importorskip("compile_sm90")
-    for d in module.HEAD_DIMS:
-        compiled = compile_sm90.compile_gluon(name, d, causal=True)
-        if compiled is None:
-            pytest.skip("this Triton has no Gluon")
-        assert compiled.metadata.shared <= 227 * 1024
-        loops = compile_sm90.mma_loops(compiled)
-        assert loops, "no MMA loop found in the SASS"
-        assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in loops), (d, loops)
+def test_compiles_for_sm90():
+    """Every kernel at every head dim it is built for, built as the GPU builds it (in a fresh process
+    without the interpreter, whose patches of triton.language a Gluon compile in this process would
+    meet after other tests): shared memory fits a block, and the consumers' tile loops keep their
+    accumulators in registers (no local-memory traffic beyond one reload)."""
+    if gluon_hopper.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "compile_sm90.py"), "--gluon", "--json"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    built = {(r["kernel"], r["d"]) for r in rows}
+    assert built == {(name, d) for name, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon),
+                                                    ("stats", backward_stats_gluon)) for d in module.HEAD_DIMS}
+    for r in rows:
+        assert r["shared"] <= 227 * 1024, r
+        assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
+        assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in r["mma_loops"]), r
 
 
 def test_device_checks(monkeypatch):
@@ -91,7 +113,7 @@ def test_device_checks(monkeypatch):
         pytest.skip("this Triton has no Gluon")
     fake = SimpleNamespace(shape=(1, 2, 256, 128), is_cuda=True, device=SimpleNamespace(index=0))
     monkeypatch.setattr(gluon_hopper, "interpreting", lambda: False)
-    for module in (backward_dkdv_gluon, backward_dq_gluon):
+    for module in MODULES:
         monkeypatch.setattr(gluon_hopper, "_capability", lambda index: (8, 9))
         assert "Hopper" in module.unsupported_reason(fake, fake, CAUSAL, FAST, {})
         monkeypatch.setattr(gluon_hopper, "_capability", lambda index: (9, 0))

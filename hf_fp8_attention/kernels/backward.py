@@ -64,7 +64,7 @@ from triton.runtime.errors import OutOfResources
 from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format, Granularity, PScaling
 from ..masking import MaskSpec, varlen_max_lengths
 from ..reference import check_dq_in_stats, stale_lse
-from . import backward_dkdv_gluon, backward_dq_gluon
+from . import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
@@ -122,6 +122,10 @@ LAUNCH = {
     # Triton launch's 64 x 64 tiles (benchmarks/NOTES.md, "Backward").
     "gluon_dq": (128,),
     "gluon_dkdv": (128,),
+    # The matched fast recipe's statistics launch in Gluon (backward_stats_gluon.py): built and
+    # compiled (offline, sm_90a: spill-free), not yet measured on a GPU, so off here
+    # (benchmarks/NOTES.md, "Backward"); tests/gpu/test_gluon_backward.py switches it on.
+    "gluon_dq_stats": (),
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
@@ -352,6 +356,11 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
         dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
     for stats, grads, launch in dq_passes:
+        if (launch == "dq_stats" and not debug
+                and _gluon_runs(backward_stats_gluon, "gluon_dq_stats", q, k, mask, config, mod_meta)):
+            backward_stats_gluon.gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds_bound,
+                                                groups=hq // hkv, qk_scale=qk_scale, causal=bool(mask.causal))
+            continue
         if launch == "dq" and not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta):
             backward_dq_gluon.gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq,
                                        groups=hq // hkv, qk_scale=qk_scale, tau=float(scale),
@@ -394,8 +403,8 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
 
 
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
-    """Whether ``module``'s Gluon kernel (backward_dq_gluon or backward_dkdv_gluon) forms this
-    launch's gradients (``LAUNCH[key]`` lists the head dims it is enabled at). It computes what the
+    """Whether ``module``'s Gluon kernel (backward_stats_gluon, backward_dq_gluon or
+    backward_dkdv_gluon) does this launch's work (``LAUNCH[key]`` lists the head dims it is enabled at). It computes what the
     Triton launch computes, so where it cannot run the Triton launch does, and the reason is logged
     once (debug level: nothing is lost)."""
     if q.shape[-1] not in LAUNCH[key]:

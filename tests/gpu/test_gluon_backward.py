@@ -1,15 +1,16 @@
-"""The fast recipes' Gluon backward kernels on a Hopper GPU: dQ (kernels/backward_dq_gluon.py) and the
+"""The fast recipes' Gluon backward kernels on a Hopper GPU: the statistics
+(kernels/backward_stats_gluon.py, matched delta only), dQ (kernels/backward_dq_gluon.py) and the
 fused dK/dV (kernels/backward_dkdv_gluon.py).
 
-Each test enables both kernels at every head dim they are built for, and first checks that each
-kernel whose scope the case is in ran (spies on their entry points), so none can pass on the
-Triton launches alone.
+Each test enables every kernel at every head dim it is built for (the statistics kernel is off in
+the package until measured), and first checks that each kernel whose scope the case is in ran
+(spies on their entry points), so none can pass on the Triton launches alone.
 
 - Against the emulation, with the bounds of tests/gpu/test_backward_kernel.py (GRAD_REL, BF16_REL:
   the code-flip noise of Hopper's FP8 accumulation on problems of hundreds of rows and keys).
 - Against the Triton launch each replaces (its ``LAUNCH`` key set to ``()``), on the same inputs:
-  the gradients the kernel does not form must be bit-identical (every launch is deterministic);
-  the ones it forms come from the same FP8 codes multiplied in the same MMA shapes and tile order,
+  the gradients the kernel's output does not reach must be bit-identical (every launch is
+  deterministic); the ones it reaches come from the same FP8 codes multiplied in the same MMA shapes and tile order,
   so they may differ only where an fp32 per-element factor rounds differently (grouping, FMA
   contraction) by a few ulp before an FP8 cast: a code flips only within a few 2^-23 of a rounding
   boundary 2^-3 wide, a share of ~1e-5, and each flip moves its term by one FP8 step. ``AB_REL`` =
@@ -33,14 +34,19 @@ from helpers import make_qkv, rel_err  # noqa: E402
 from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
-from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon  # noqa: E402
+from hf_fp8_attention.kernels import (  # noqa: E402
+    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon,
+)
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 AB_REL = 1e-3  # see the module docstring
-KERNELS = {"gluon_dq": backward_dq_gluon, "gluon_dkdv": backward_dkdv_gluon}  # LAUNCH key: module
+# LAUNCH key: (module, entry point, the gradients its output reaches: 0 dQ, 1 dK, 2 dV)
+KERNELS = {"gluon_dq_stats": (backward_stats_gluon, "gluon_dq_stats", (0, 1, 2)),
+           "gluon_dq": (backward_dq_gluon, "gluon_dq", (0, )),
+           "gluon_dkdv": (backward_dkdv_gluon, "gluon_dkdv", (1, 2))}
 
 # name: ((B, Hq, Hkv, Sq, Sk, D), causal)
 SHAPES = {
@@ -59,8 +65,8 @@ RECIPES = {
 
 @pytest.fixture
 def gluon_calls(monkeypatch):
-    """Both kernels enabled at every head dim they are built for; returns their launch counts since
-    the test began ({LAUNCH key: count})."""
+    """Every kernel enabled at every head dim it is built for; returns their launch counts since the
+    test began ({LAUNCH key: count})."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     reason = backward_dkdv_gluon.unsupported_reason(torch.empty(1, 1, 128, 128, device="cuda"),
@@ -69,9 +75,8 @@ def gluon_calls(monkeypatch):
     if reason is not None:
         pytest.skip(f"the Gluon backward kernels do not run here: {reason}")
     calls = dict.fromkeys(KERNELS, 0)
-    for key, module in KERNELS.items():
+    for key, (module, entry, _) in KERNELS.items():
         monkeypatch.setitem(backward.LAUNCH, key, module.HEAD_DIMS)
-        entry = "gluon_dq" if module is backward_dq_gluon else "gluon_dkdv"
         run = getattr(module, entry)
 
         def spy(*args, _run=run, _key=key, **kwargs):
@@ -81,12 +86,12 @@ def gluon_calls(monkeypatch):
     return calls
 
 
-def _problem(shape: str, seed: int = 3):
+def _problem(shape: str, config: FP8AttentionConfig, seed: int = 3):
     """((q, k, v, dO) fp32 on the CPU, mask, softmax scale, {LAUNCH key: in the kernel's scope})."""
     (b, hq, hkv, sq, sk, d), causal = SHAPES[shape]
     mask = MaskSpec(causal=causal)
-    scope = {key: module.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, RECIPES["fp8_delta_fast"], {}) is None
-             for key, module in KERNELS.items()}
+    scope = {key: module.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, config, {}) is None
+             for key, (module, _, _) in KERNELS.items()}
     return make_qkv(b, hq, hkv, sq, sk, d, dtype=torch.float32, seed=seed), mask, d**-0.5, scope
 
 
@@ -103,8 +108,8 @@ def _gpu_backward(tensors, mask, scale, config, dtype):
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gluon_backward_matches_emulation(shape, recipe, dtype, gluon_calls):
-    tensors, mask, scale, scope = _problem(shape)
     config = RECIPES[recipe]
+    tensors, mask, scale, scope = _problem(shape, config)
     got = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls == {key: int(inside) for key, inside in scope.items()}
     q, k, v, do = (t.to(dtype).float() for t in tensors)  # the GPU's inputs, on the CPU
@@ -119,29 +124,29 @@ def test_gluon_backward_matches_emulation(shape, recipe, dtype, gluon_calls):
 @pytest.mark.parametrize("recipe", list(RECIPES)[:2])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gluon_backward_matches_triton_launches(shape, recipe, gluon_calls, monkeypatch):
-    tensors, mask, scale, scope = _problem(shape, seed=11)
     config, dtype = RECIPES[recipe], torch.bfloat16
+    tensors, mask, scale, scope = _problem(shape, config, seed=11)
     both = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls == {key: int(inside) for key, inside in scope.items()}
-    for key, formed in (("gluon_dq", (0, )), ("gluon_dkdv", (1, 2))):
+    for key, (_, _, reached) in KERNELS.items():
         if not scope[key]:
             continue
         with monkeypatch.context() as patch:
             patch.setitem(backward.LAUNCH, key, ())
             triton = _gpu_backward(tensors, mask, scale, config, dtype)
         for i, label in enumerate(("dq", "dk", "dv")):
-            if i in formed:
+            if i in reached:
                 assert rel_err(both[i], triton[i]) <= AB_REL, (key, label, rel_err(both[i], triton[i]))
             else:
-                assert torch.equal(both[i], triton[i]), (key, label, "not formed by the kernel: must be identical")
+                assert torch.equal(both[i], triton[i]), (key, label, "not reached by the kernel: must be identical")
 
 
 def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
-    tensors, mask, scale, _ = _problem("causal_gqa_d128", seed=5)
-    tensors[3][0, 1, 300, 7] = float("nan")  # one element of dO, query head 1 (kv head 0)
     config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
+    tensors, mask, scale, _ = _problem("causal_gqa_d128", config, seed=5)
+    tensors[3][0, 1, 300, 7] = float("nan")  # one element of dO, query head 1 (kv head 0)
     got = _gpu_backward(tensors, mask, scale, config, dtype)
-    assert gluon_calls == {"gluon_dq": 1, "gluon_dkdv": 1}
+    assert gluon_calls == dict.fromkeys(KERNELS, 1)
     for key in KERNELS:
         monkeypatch.setitem(backward.LAUNCH, key, ())
     want = _gpu_backward(tensors, mask, scale, config, dtype)

@@ -1,0 +1,239 @@
+"""The fast recipe's statistics launch on Hopper, written in Gluon and warp-specialised.
+
+It computes what ``bwd_dq_fp8_kernel`` (backward_fp8.py) computes in its statistics launch (STATS
+without GRADS, matched delta, ``ds_scales="head"``), from the same FP8 copies and scales: per query
+row, over its visible keys, the online normaliser of S = (Q Kᵀ) · sq and the matched delta of
+dP' = dO Vᵀ (:func:`.backward_fp8.fold_matched_stats`, key tile by key tile in the same order),
+
+    LSE' = m + log2 l,   LSE'^do = LSE' − log2 s_dO,   D' = u / l,
+
+written to ``LSE2``, ``LSE2DO`` and ``DELTA``, and each row's dS bound
+(:func:`.backward_fp8.ds_row_bound`) folded into one value per (sequence, query head) by an atomic
+max of its fp32 bits (order-free: deterministic). The layout is backward_dq_gluon.py's: a producer
+warp brings each 64-key tile's K and V codes by TMA into a ``STAGES``-deep ring; two consumer
+warpgroups own 64 queries each (128 per program), share every key tile and hold their Q and dO codes
+in registers (the A operands of S and dP).
+
+Scope (:func:`scope_reason`): ``fp8_delta_fast`` (the matched delta: the stale twin's statistics
+need D from the unquantized dO and O), E4M3, head dim 128, dense batches, query lengths a multiple
+of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap, sinks or
+K-smoothing row constant. ``backward.LAUNCH["gluon_dq_stats"]`` lists the head dims it runs at.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import DeltaMode, FP8AttentionConfig
+from ..masking import MaskSpec
+from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+
+if gluon is not None:
+    import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
+
+    from .gluon_hopper import gl, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait
+
+HEAD_DIMS = (128, )
+HALF_Q, BLOCK_N, STAGES = 64, 64, 3  # queries per consumer warpgroup; keys per tile; ring depth
+BLOCK_M = 2 * HALF_Q
+CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+
+
+def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
+                 mod_meta: dict) -> str | None:
+    """None when the call is in the kernel's scope (any device), else why not (one short phrase).
+    ``shape_q`` (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``."""
+    reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
+    if reason is None and config.delta is not DeltaMode.MATCHED:
+        reason = "the stale delta (its D comes from dO and O)"
+    if reason is None and mod_meta.get("SINK"):
+        reason = "attention sinks"
+    return reason or shape_reason(shape_q, shape_k, mask, HEAD_DIMS, BLOCK_M, BLOCK_N)
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,
+                       mod_meta: dict) -> str | None:
+    """None when :func:`gluon_dq_stats` runs this backward's statistics, else why not:
+    :func:`scope_reason`, then the device (:func:`.gluon_hopper.device_reason`)."""
+    return scope_reason(tuple(q.shape), tuple(k.shape), mask, config, mod_meta) or device_reason(q)
+
+
+def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds_bound, *, groups: int, qk_scale: float,
+           causal: bool) -> None:
+    """The statistics of ``fp8_delta_fast``'s backward (see the module docstring), after its
+    quantization launches:
+
+    - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs``, ``dors`` (B, Hq, Sq)
+      fp32: their scales (one per head, repeated per token);
+    - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs``, ``vrs`` (B, Hkv, Sk) fp32: K's and V's;
+    - ``lse2``, ``lse2do``, ``delta`` (B·Hq, Sq) fp32: filled; ``ds_bound`` (B·Hq,) int32, zeros on
+      entry: each query head's dS bound, as fp32 bits.
+
+    ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
+    factor)."""
+    b, hq, sq, d = qr.shape
+    sk = kr.shape[2]
+    descs = (descriptor(qr.view(-1, d), (HALF_Q, d)), descriptor(dor.view(-1, d), (HALF_Q, d)),
+             descriptor(kr.view(-1, d), (BLOCK_N, d)), descriptor(vr.view(-1, d), (BLOCK_N, d)))
+    _stats_kernel[(sq // BLOCK_M, b * hq)](
+        *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
+        hq, groups, sq, sk, qk_scale,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+
+
+if gluon is not None:
+    @gluon.jit
+    def _max_nan(a, b):
+        """Combine for ``gl.reduce``: a maximum that keeps NaN (as quantize.max_nan)."""
+        return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @gluon.jit
+    def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, row_q0,
+                  row_k0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: the program's Q and dO tiles (two 64-query halves each) once, then per key tile
+        t its K and V codes (TMA) into ring slot t % STAGES."""
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+            tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+        for t in range(0, t_hi):
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
+            tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
+
+    @gluon.jit
+    def _consumer_tiles(t_a, t_b, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
+                        MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        s_layout: gl.constexpr):
+        """Key tiles t_a <= t < t_b into one warpgroup's row statistics: the Triton launch's
+        ``_dq_stats_tiles`` and ``fold_matched_stats`` with KV_HEAD and BOUND, the same fp32
+        operations per element. SKIP: tiles no query of this warpgroup sees (the other one does):
+        only their ring slots are released."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        for t in range(t_a, t_b):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            if not SKIP:
+                s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                   is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                s = s * gl.expand_dims(sq, 1)
+                if MASKED:
+                    keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
+                    vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
+                    s = gl.where(vis, s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                e = gl.exp2(s - gl.expand_dims(m_safe, 1))
+                l_i = l_i * alpha + gl.sum(e, 1)
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+                edp = e * dp
+                if MASKED:
+                    edp = gl.where(vis, edp, 0.0)
+                u_i = u_i * alpha + gl.sum(edp, 1)
+                w_i = gl.maximum(w_i * alpha, gl.reduce(gl.abs(edp), 1, _max_nan), propagate_nan=tl.PropagateNan.ALL)
+                m_i = m_new
+            mbarrier.arrive(empty.index(slot), count=1)
+        return m_i, l_i, u_i, w_i
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA,
+                  DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, WG: gl.constexpr, HALF_Q: gl.constexpr,
+                  BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup: the statistics of queries m0 + WG·64 .. + 64 of the program."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+        rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        q0 = m0 + WG * HALF_Q
+        queries = q0 + gl.arange(0, HALF_Q, layout=rows)
+        stat = bh_q * SQ + queries
+        # The Triton launch's per-row factors (bwd_dq_fp8_kernel with KV_HEAD), in its order.
+        sq = (gl.load(QRS + stat) * qk_scale) * gl.load(KRS + bh_k * SK)
+        sdo = gl.load(DORS + stat) * gl.load(VRS + bh_k * SK)
+        mbarrier.wait(q_bar, 0)
+        q_reg = q_smem.index(WG).load(qa_layout)
+        do_reg = do_smem.index(WG).load(qa_layout)
+        m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows)
+        l_i = gl.zeros([HALF_Q], gl.float32, rows)
+        u_i = gl.zeros([HALF_Q], gl.float32, rows)
+        w_i = gl.zeros([HALF_Q], gl.float32, rows)
+        if CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
+            t_diag = q0 // BLOCK_N
+            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_diag, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
+                                                 empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
+            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, m_i, l_i, u_i, w_i, q_reg,
+                                                 do_reg, k_smem, v_smem, ready, empty, queries, sq, True, False,
+                                                 BLOCK_N, STAGES, s_layout)
+            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg,
+                                                 k_smem, v_smem, ready, empty, queries, sq, False, True, BLOCK_N,
+                                                 STAGES, s_layout)
+        else:
+            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
+                                                 empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
+        # The Triton launch's epilogue (MATCHED, DS_HEAD): LSE', D', LSE'^do, then the dS bound.
+        empty_row = l_i == 0.0
+        lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
+        delta_do = gl.where(empty_row, 0.0, u_i / gl.where(empty_row, 1.0, l_i))
+        lse2do = lse2 - gl.log2(sdo)
+        m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+        bound = (w_i + gl.abs(delta_do)) * gl.exp2(gl.where(empty_row, 0.0, m_safe - lse2do))
+        bound = gl.where(empty_row, 0.0, bound)
+        bits = gl.where(bound != bound, 0x7FFFFFFF, bound.to(gl.int32, bitcast=True))  # NaN as the largest
+        gl.atomic_max(DS_BOUND + bh_q, gl.max(bits, 0))
+        gl.store(LSE2 + stat, lse2)
+        gl.store(LSE2DO + stat, lse2do)
+        gl.store(DELTA + stat, delta_do)
+
+    @gluon.jit
+    def _stats_kernel(
+        q_desc, do_desc,  # row-wise codes of Q and dO: (B·Hq·Sq, D), boxes (HALF_Q, D)
+        k_desc, v_desc,  # row-wise codes of K and V: (B·Hkv·Sk, D), boxes (BLOCK_N, D)
+        QRS, KRS, VRS, DORS,  # (B, H, S) fp32 row scales, one value per head
+        LSE2, LSE2DO, DELTA,  # (B·Hq, Sq) fp32, written
+        DS_BOUND,  # (B·Hq,) int32: each query head's fp32 dS bound, as bits (atomic max)
+        H, G, SQ, SK, qk_scale,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        BLOCK_M: gl.constexpr = 2 * HALF_Q
+        n_blk = gl.num_programs(0)
+        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)  # causal: longest query blocks first
+        bh_q = gl.program_id(1)
+        seq = bh_q // H
+        bh_k = seq * (H // G) + (bh_q % H) // G
+        m0 = pid * BLOCK_M
+        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)  # the producer's expect (TMA bytes)
+            mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
+                         DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 0, HALF_Q, BLOCK_N, D, CAUSAL,
+                         STAGES)),
+            (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
+                         DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 1, HALF_Q, BLOCK_N, D, CAUSAL,
+                         STAGES)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty,
+                         bh_q * SQ + m0, bh_k * SK, t_hi, HALF_Q, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "gluon_dq_stats", "scope_reason", "unsupported_reason"]
