@@ -1,8 +1,8 @@
-"""What the backward's warp-specialised Gluon kernels for Hopper share (backward_dkdv_gluon.py,
-backward_dq_gluon.py): Gluon's imports, the device check, the recipe check, FP8 TMA descriptors
-and the scale rule of :func:`.quantize.scale_from_amax` in Gluon.
+"""What the backward's warp-specialised Gluon kernels for Hopper share (backward_stats_gluon.py,
+backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
+FP8 TMA descriptors and the scale rule of :func:`.quantize.scale_from_amax` in Gluon.
 
-Both kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
+The kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
 per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
 scale per query head) on dense batches, and compute what the Triton launches they replace compute,
 from the same FP8 copies, statistics and scales.
