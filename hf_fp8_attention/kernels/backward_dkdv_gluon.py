@@ -39,7 +39,7 @@ from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape
 
 if gluon is not None:
     from .gluon_hopper import (
-        ds_head_scale, gl, mbarrier, scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
+        ds_head_scale, gl, mbarrier, ring_barriers, scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
@@ -274,13 +274,8 @@ if gluon is not None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
         lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
         dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=2)  # the producer's expect (TMA bytes) and its vector stores
-            mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+        # ready: the producer's expect and its stores of LSE' and D'
+        kv_bar, ready, empty = ring_barriers(STAGES, 2)
 
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,

@@ -27,7 +27,10 @@ from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
 
 if gluon is not None:
-    from .gluon_hopper import ds_head_scale, gl, mbarrier, tma_load, warpgroup_mma, warpgroup_mma_wait
+    from .gluon_hopper import (
+        ds_head_scale, gl, mbarrier, query_block, query_side_producer, ring_barriers, warpgroup_mma,
+        warpgroup_mma_wait,
+    )
 
 HEAD_DIMS = (128, )
 HALF_Q, BLOCK_N, STAGES = 64, 64, 3  # queries per consumer warpgroup; keys per tile; ring depth
@@ -78,26 +81,6 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
 
 
 if gluon is not None:
-    @gluon.jit
-    def _producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready,
-                  empty, row_q0, row_k0, row_t0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr):
-        """One warp: the program's Q and dO tiles (two 64-query halves each) once, then per key tile
-        t its three FP8 copies (TMA) into ring slot t % STAGES."""
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
-        for w in gl.static_range(2):
-            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
-            tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
-        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + kt_desc.block_type.nbytes
-        for t in range(0, t_hi):
-            slot = t % STAGES
-            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
-            bar = ready.index(slot)
-            mbarrier.expect(bar, nbytes)
-            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
-            tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
-            tma_load(kt_desc, [row_t0, t * BLOCK_N], bar, kt_smem.index(slot))
-
     @gluon.jit
     def _consumer_tiles(t_a, t_b, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p, delta,
                         MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -184,27 +167,14 @@ if gluon is not None:
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
-        BLOCK_M: gl.constexpr = 2 * HALF_Q
-        n_blk = gl.num_programs(0)
-        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)  # causal: longest query blocks first
-        bh_q = gl.program_id(1)
-        seq = bh_q // H
-        bh_k = seq * (H // G) + (bh_q % H) // G
-        m0 = pid * BLOCK_M
-        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [STAGES] + kt_desc.block_type.shape, kt_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)  # the producer's expect (TMA bytes)
-            mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+        q_bar, ready, empty = ring_barriers(STAGES, 1)  # ready: the producer's expect alone
 
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
@@ -213,8 +183,9 @@ if gluon is not None:
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 1, HALF_Q, BLOCK_N, D,
                          CAUSAL, POW2, STAGES)),
-            (_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar,
-                         ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
+            (query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
+                                   kt_smem, q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q,
+                                   BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

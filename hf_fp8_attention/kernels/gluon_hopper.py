@@ -1,6 +1,7 @@
 """What the backward's warp-specialised Gluon kernels for Hopper share (backward_stats_gluon.py,
 backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
-FP8 TMA descriptors and the scale rule of :func:`.quantize.scale_from_amax` in Gluon.
+FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
+ring barriers, and the query-side programs' (dQ, statistics) grid mapping and producer warp.
 
 The kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
 per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
@@ -112,3 +113,56 @@ if gluon is not None:
         """dS's one scale of query head ``head`` (sequence · H + head index) from its fp32 bound's
         bits, as backward_fp8.ds_head_scale."""
         return scale_from_amax(gl.load(DS_BOUND + head).to(gl.float32, bitcast=True), POW2)
+
+    @gluon.jit
+    def ring_barriers(STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr):
+        """(once, ready, empty), initialised mbarriers of a warp-specialised program: ``once`` for the
+        tiles its producer loads once, and per ring slot ``ready`` (READY_ARRIVALS arrivals: the
+        producer's expect of the TMA bytes, plus one where it also stores into the slot itself) and
+        ``empty`` (both consumer warpgroups release the slot)."""
+        once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(once, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=READY_ARRIVALS)
+            mbarrier.init(empty.index(i), count=2)
+        return once, ready, empty
+
+    @gluon.jit
+    def query_block(H, G, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(bh_q, bh_k, m0, t_hi) of a program over BLOCK_M queries of one (batch, query head), grid
+        (query blocks, B·H): its query head's and kv head's row-block indices, its first query and
+        the end of its BLOCK_N-key tiles (causal: up to its diagonal; programs with the most key
+        tiles first)."""
+        n_blk = gl.num_programs(0)
+        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
+        bh_q = gl.program_id(1)
+        bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
+        m0 = pid * BLOCK_M
+        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+        return bh_q, bh_k, m0, t_hi
+
+    @gluon.jit
+    def query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar,
+                            ready, empty, row_q0, row_k0, row_t0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr):
+        """The producer warp of a program over 2·HALF_Q queries (the dQ and statistics kernels): its Q
+        and dO tiles (two halves each) once, then per key tile t its K and V codes, and K's transposed
+        channel-wise codes unless ``kt_desc`` is None, by TMA into ring slot t % STAGES."""
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+            tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+        for t in range(0, t_hi):
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
+            bar = ready.index(slot)
+            if kt_desc is None:
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kt_desc.block_type.nbytes)
+            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
+            tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
+            if kt_desc is not None:
+                tma_load(kt_desc, [row_t0, t * BLOCK_N], bar, kt_smem.index(slot))
