@@ -4,8 +4,10 @@ changed at a time (transforms off, per-tile channel scales, ...), at one shape, 
     python benchmarks/recipe_cost.py --seq 8192 --batch 2 --causal 1
     python benchmarks/recipe_cost.py --kernels fp8_delta,fast   # where each variant's time goes
 
-``--kernels``: for the named variants, the GPU time of every kernel of one forward and of one
-forward+backward (torch.profiler, mean over 10 calls after warm-up), SDPA's cuDNN backend beside.
+``--kernels``: for the named variants (or named recipes, ``RECIPES``), the GPU time of every kernel
+of one forward and of one forward+backward (torch.profiler, mean over 10 calls after warm-up),
+SDPA's cuDNN backend beside. The variant ``fast`` is ``fp8_delta`` with the fast recipe's operand
+granularities but per-tile dS scales; ``fp8_delta_fast`` is the recipe itself.
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ def profile_kernels(a, q, k, v, do) -> None:
 
     print_kernels("sdpa_cudnn fwd+bwd", sdpa_step)
     for name in a.kernels.split(","):
-        cfg = RECIPES["fp8_delta"].replace(**VARIANTS[name])
+        cfg = RECIPES[name] if name in RECIPES else RECIPES["fp8_delta"].replace(**VARIANTS[name])
 
         def step(cfg=cfg):
             out = fp8_attention(qg, kg, vg, causal=causal, config=cfg)

@@ -3,8 +3,9 @@
 fused dK/dV (kernels/backward_dkdv_gluon.py).
 
 Each test enables every kernel at every head dim it is built for (the statistics kernel is off in
-the package until measured), and first checks that each kernel whose scope the case is in ran
-(spies on their entry points), so none can pass on the Triton launches alone.
+the package: slower than the Triton launch it replaces), and first checks that each kernel whose
+scope the case is in ran (spies on their entry points), so none can pass on the Triton launches
+alone.
 
 - Against the emulation, with the bounds of tests/gpu/test_backward_kernel.py (GRAD_REL, BF16_REL:
   the code-flip noise of Hopper's FP8 accumulation on problems of hundreds of rows and keys).
