@@ -2,10 +2,10 @@
 
 Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims)
 before its calls; the variants are alternated over ``--rounds`` so that drift between them shows.
-Per shape and variant: median ms of the backward alone and of fwd+bwd (triton.testing.do_bench, ``bench_attention._time``), the ratio to
-SDPA's cuDNN backend in the same run, and the difference of each gradient from the
-first variant's, as a relative Frobenius norm (every variant computes the same maths; the order of fp32
-accumulation may differ).
+Per shape and variant: median ms of the backward alone and of fwd+bwd (triton.testing.do_bench,
+``bench_attention._time``), the ratio to SDPA's cuDNN backend in the same run, and the difference
+of each gradient from the first variant's, as a relative Frobenius norm (every variant computes
+the same maths; the order of fp32 accumulation may differ).
 ``--profile`` adds the GPU time per kernel of one fwd+bwd of the first shape under each variant.
 
     python benchmarks/gluon_variants.py --recipe fp8_delta_fast --out-dir $OUT
