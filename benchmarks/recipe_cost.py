@@ -2,7 +2,7 @@
 changed at a time (transforms off, per-tile channel scales, ...), at one shape, in one run.
 
     python benchmarks/recipe_cost.py --seq 8192 --batch 2 --causal 1
-    python benchmarks/recipe_cost.py --kernels fp8_delta,fast   # where each variant's time goes
+    python benchmarks/recipe_cost.py --kernels fp8_delta,fp8_delta_fast   # where each recipe's time goes
 
 ``--kernels``: for the named variants (or named recipes, ``RECIPES``), the GPU time of every kernel
 of one forward and of one forward+backward (torch.profiler, mean over 10 calls after warm-up),
