@@ -133,6 +133,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
                   PRODUCER_REGS=mod.PRODUCER_REGS)
     if "POW2" in kernel.arg_names:
         consts["POW2"] = False
+    if "KV_REGS" in kernel.arg_names:
+        consts["KV_REGS"] = mod.KV_IN_REGISTERS
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
@@ -146,7 +148,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
 
 def mma_loops(compiled) -> list[dict]:
     """The innermost loops that issue MMAs (a branch back to a label, over < 600 instructions): per
-    loop its instruction, MMA and local-memory (spill) counts, from the SASS."""
+    loop its instruction, MMA, MMA-wait and local-memory (spill) counts, from the SASS. As many waits
+    as MMAs: ptxas serialised the wgmmas (its C751x performance notes)."""
     labels, ins, loops = {}, [], []
     for line in _sass_text(compiled).splitlines():
         line = line.strip()
@@ -159,6 +162,7 @@ def mma_loops(compiled) -> list[dict]:
                 body = ins[labels[target.group(1)]:]
                 if any("GMMA" in x for x in body) and len(body) < 600:
                     loops.append(dict(instructions=len(body), mma=sum("GMMA" in x for x in body),
+                                      waits=sum("WARPGROUP.DEPBAR" in x for x in body),
                                       stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body)))
     return loops
 
@@ -183,7 +187,8 @@ def _digest(mods: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
-    parser.add_argument("--gluon", action="store_true", help="the Gluon backward kernels' shared memory and loops")
+    parser.add_argument("--gluon", action="store_true",
+                        help="the Gluon backward kernels' shared memory and loops (dK/dV in each of its LAYOUTS)")
     parser.add_argument("--json", action="store_true", help="with --gluon: one JSON line instead of the table")
     parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
     args = parser.parse_args(argv)
@@ -194,21 +199,28 @@ def main(argv=None) -> int:
     if args.gluon:
         from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
         rows = []
-        for name, dims in (("dkdv", backward_dkdv_gluon.HEAD_DIMS), ("dq", backward_dq_gluon.HEAD_DIMS),
-                           ("stats", backward_stats_gluon.HEAD_DIMS)):
-            for d in dims:
-                for causal in (True, False):
+        dkdv = backward_dkdv_gluon
+        builds = [("dkdv", layout, d) for layout in dkdv.LAYOUTS for d in dkdv.HEAD_DIMS]
+        builds += [(name, None, d) for name, module in (("dq", backward_dq_gluon), ("stats", backward_stats_gluon))
+                   for d in module.HEAD_DIMS]
+        default = dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q
+        for name, layout, d in builds:
+            for causal in (True, False):
+                dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q = dkdv.LAYOUTS[layout] if layout else default
+                try:
                     compiled = compile_gluon(name, d, causal)
-                    if compiled is None:
-                        print("this Triton has no Gluon")
-                        return 3
-                    rows.append(dict(kernel=name, d=d, causal=causal, shared=compiled.metadata.shared,
-                                     spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
-                                     mma_loops=mma_loops(compiled)))
-                    if not args.json:
-                        r = rows[-1]
-                        print(f"{name:5s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared memory, "
-                              f"{r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
+                finally:
+                    dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q = default
+                if compiled is None:
+                    print("this Triton has no Gluon")
+                    return 3
+                rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, shared=compiled.metadata.shared,
+                                 spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
+                                 mma_loops=mma_loops(compiled)))
+                if not args.json:
+                    r = rows[-1]
+                    print(f"{name:5s} {layout or '':16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
+                          f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:
             print(json.dumps(rows))
         return 0

@@ -1,7 +1,8 @@
 """Variants of the backward's launch table timed side by side in one process, beside SDPA.
 
-Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims)
-before its calls; the variants are alternated over ``--rounds`` so that drift between them shows.
+Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims) and
+constants of the Gluon dK/dV kernel (its operand layout: ``KV_IN_REGISTERS``, ``BLOCK_Q``) before
+its calls; the variants are alternated over ``--rounds`` so that drift between them shows.
 Per shape and variant: median ms of the backward alone and of fwd+bwd (triton.testing.do_bench,
 ``bench_attention._time``), the ratio to SDPA's cuDNN backend in the same run, and the difference
 of each gradient from the first variant's, as a relative Frobenius norm (every variant computes
@@ -9,7 +10,7 @@ the same maths; the order of fp32 accumulation may differ).
 ``--profile`` adds the GPU time per kernel of one fwd+bwd of the first shape under each variant.
 
     python benchmarks/gluon_variants.py --recipe fp8_delta_fast --out-dir $OUT
-    python benchmarks/gluon_variants.py --variants package,gluon_stats --shapes 8192:128:1,16384:128:0
+    python benchmarks/gluon_variants.py --variants package,dkdv_kv_shared_q64 --shapes 8192:128:1,16384:128:0
 
 Shapes: ``S:D:causal``, 16 heads, 16k tokens per batch (B = 16384 // S), bf16.
 """
@@ -28,24 +29,31 @@ from bench_attention import _sdpa_fn, _time, environment, flops  # noqa: E402
 from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
-from hf_fp8_attention.kernels import backward  # noqa: E402
+from hf_fp8_attention.kernels import backward, backward_dkdv_gluon  # noqa: E402
 from recipe_names import recipe_config  # noqa: E402
 
-# name: {LAUNCH key: head dims}, set before the variant's calls (the package's table otherwise)
+# name: ({LAUNCH key: head dims}, {backward_dkdv_gluon constant: value}), set before the variant's
+# calls (the package's values otherwise)
 VARIANTS = {
-    "package": {},
-    "triton_stats": {"gluon_dq_stats": ()},
-    "gluon_stats": {"gluon_dq_stats": (128, )},
-    "triton_dq": {"gluon_dq": ()},
-    "triton_dkdv": {"gluon_dkdv": ()},
-    "triton_all": {"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()},
+    "package": ({}, {}),
+    "triton_stats": ({"gluon_dq_stats": ()}, {}),
+    "gluon_stats": ({"gluon_dq_stats": (128, )}, {}),
+    "triton_dq": ({"gluon_dq": ()}, {}),
+    "triton_dkdv": ({"gluon_dkdv": ()}, {}),
+    "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
+    **{f"dkdv_{name}": ({}, dict(KV_IN_REGISTERS=kv_regs, BLOCK_Q=block_q))  # the dK/dV kernel's layouts
+       for name, (kv_regs, block_q) in backward_dkdv_gluon.LAYOUTS.items()},
 }
 DEFAULT_LAUNCH = dict(backward.LAUNCH)
+DEFAULT_DKDV = {name: getattr(backward_dkdv_gluon, name) for name in ("KV_IN_REGISTERS", "BLOCK_Q")}
 
 
 def apply(name: str) -> None:
+    launch, dkdv = VARIANTS[name]
     backward.LAUNCH.clear()
-    backward.LAUNCH.update(DEFAULT_LAUNCH, **VARIANTS[name])
+    backward.LAUNCH.update(DEFAULT_LAUNCH, **launch)
+    for attr, value in {**DEFAULT_DKDV, **dkdv}.items():
+        setattr(backward_dkdv_gluon, attr, value)
 
 
 def grads(cfg, q, k, v, do, causal):

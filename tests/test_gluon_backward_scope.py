@@ -87,10 +87,11 @@ def test_cpu_tensors_take_the_triton_launches():
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for, built as the GPU builds it (in a fresh process
-    without the interpreter, whose patches of triton.language a Gluon compile in this process would
-    meet after other tests): shared memory fits a block, and the consumers' tile loops keep their
-    accumulators in registers (no local-memory traffic beyond one reload)."""
+    """Every kernel at every head dim it is built for (dK/dV in each of its operand layouts), built as
+    the GPU builds it (in a fresh process without the interpreter, whose patches of triton.language a
+    Gluon compile in this process would meet after other tests): shared memory fits a block, the
+    consumers' tile loops keep their accumulators in registers (no local-memory traffic beyond one
+    reload), and ptxas did not serialise their MMAs (a wait after each)."""
     if gluon_hopper.gluon is None:
         pytest.skip("this Triton has no Gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -98,13 +99,16 @@ def test_compiles_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    built = {(r["kernel"], r["d"]) for r in rows}
-    assert built == {(name, d) for name, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon),
-                                                    ("stats", backward_stats_gluon)) for d in module.HEAD_DIMS}
+    built = {(r["kernel"], r["layout"], r["d"]) for r in rows}
+    assert built == ({("dkdv", layout, d) for layout in backward_dkdv_gluon.LAYOUTS
+                      for d in backward_dkdv_gluon.HEAD_DIMS}
+                     | {(name, None, d) for name, module in (("dq", backward_dq_gluon), ("stats", backward_stats_gluon))
+                        for d in module.HEAD_DIMS})
     for r in rows:
         assert r["shared"] <= 227 * 1024, r
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
         assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in r["mma_loops"]), r
+        assert all(loop["waits"] < loop["mma"] for loop in r["mma_loops"]), r
 
 
 def test_device_checks(monkeypatch):
@@ -118,3 +122,14 @@ def test_device_checks(monkeypatch):
         assert "Hopper" in module.unsupported_reason(fake, fake, CAUSAL, FAST, {})
         monkeypatch.setattr(gluon_hopper, "_capability", lambda index: (9, 0))
         assert module.unsupported_reason(fake, fake, CAUSAL, FAST, {}) is None
+
+
+def test_dkdv_layouts(monkeypatch):
+    """The dK/dV kernel's default operand layout is the first of its LAYOUTS, and the scope follows
+    the query tile of the layout in use (BLOCK_Q is read at each call)."""
+    assert next(iter(backward_dkdv_gluon.LAYOUTS.values())) == (backward_dkdv_gluon.KV_IN_REGISTERS,
+                                                                 backward_dkdv_gluon.BLOCK_Q)
+    shapes = dict(shape_q=(1, 2, 96, 128), shape_k=(1, 2, 128, 128), mask=MaskSpec())
+    assert _reason(**shapes) is None
+    monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", backward_dkdv_gluon.LAYOUTS["kv_shared_q64"][1])
+    assert "need multiples of 64 / 128" in _reason(**shapes)

@@ -13,7 +13,8 @@ FlashAttention-3's backward:
   dOᵀ channel-wise for dK and dV) by TMA into a ``STAGES``-deep ring, with its LSE' and D' values;
 - two consumer warpgroups own 64 keys each (128 per program) and share every query tile; each holds
   its K and V codes in registers (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ), so the tensor cores
-  read half the shared memory per product.
+  read half the shared memory per product. ``LAYOUTS`` names the alternatives the kernel is built
+  and tested in: K and V read from shared memory, with 32- or 64-query tiles.
 
 One program per (128 keys, batch · kv head) loops over the G query heads of its kv head (GQA) and
 their visible query tiles, causal programs with the most tiles first. Per query head the
@@ -45,6 +46,14 @@ if gluon is not None:
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
 BLOCK_Q, HALF_K, STAGES = 32, 64, 3  # queries per tile; keys per consumer warpgroup; ring depth
 BLOCK_K = 2 * HALF_K
+# K's and V's codes as the register A operand of Sᵀ and dP'ᵀ (True), or read by those MMAs from
+# shared memory (False). Shared memory frees 32 registers per thread: offline (sm_90a, Triton 3.9)
+# it leaves 64-query tiles (BLOCK_Q = 64) spill-free and unserialised, which in registers spill and
+# make ptxas serialise every wgmma; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
+KV_IN_REGISTERS = True
+# The operand layouts the kernel is built and tested in: name -> (KV_IN_REGISTERS, BLOCK_Q); the
+# first is the default above.
+LAYOUTS = {"kv_registers_q32": (True, 32), "kv_shared_q32": (False, 32), "kv_shared_q64": (False, 64)}
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
@@ -90,7 +99,7 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
     _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
-        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS, STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -180,7 +189,8 @@ if gluon is not None:
     def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                   QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
                   t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
-                  D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr):
+                  D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, KV_REGS: gl.constexpr,
+                  STAGES: gl.constexpr):
         """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
         their dK and dV."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -192,8 +202,12 @@ if gluon is not None:
         keys = n0 + WG * HALF_K + gl.arange(0, HALF_K, layout=gl.SliceLayout(1, s_layout))
         vec: gl.constexpr = gl.SliceLayout(0, o_layout)
         mbarrier.wait(kv_bar, 0)
-        k_reg = k_smem.index(WG).load(ka_layout)
-        v_reg = v_smem.index(WG).load(ka_layout)
+        if KV_REGS:
+            k_reg = k_smem.index(WG).load(ka_layout)
+            v_reg = v_smem.index(WG).load(ka_layout)
+        else:  # the MMAs read them where TMA put them (never overwritten)
+            k_reg = k_smem.index(WG)
+            v_reg = v_smem.index(WG)
         dk = gl.zeros([HALF_K, D], gl.float32, o_layout)
         dv = gl.zeros([HALF_K, D], gl.float32, o_layout)
         n_t = t_hi - t_lo
@@ -243,7 +257,7 @@ if gluon is not None:
         DK, DV,  # (B, Hkv, Sk, D) in the input dtype
         H, G, SQ, SK, NT_Q, qk_scale, tau,
         BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        KV_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
         BLOCK_K: gl.constexpr = 2 * HALF_K
         n_blk = gl.num_programs(0)
@@ -280,14 +294,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                          QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, STAGES)),
+                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, STAGES)),
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                          QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, STAGES)),
+                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, STAGES)),
             (_producer, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem,
                          k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ,
                          row_k0, n0, t_lo, t_hi, BLOCK_Q, HALF_K, D, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "gluon_dkdv", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "gluon_dkdv", "scope_reason",
+           "unsupported_reason"]

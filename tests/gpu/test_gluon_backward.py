@@ -142,6 +142,28 @@ def test_gluon_backward_matches_triton_launches(shape, recipe, gluon_calls, monk
                 assert torch.equal(both[i], triton[i]), (key, label, "not reached by the kernel: must be identical")
 
 
+@pytest.mark.parametrize("layout", list(backward_dkdv_gluon.LAYOUTS)[1:])  # the default's alternatives
+@pytest.mark.parametrize("recipe", list(RECIPES)[:2])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gluon_dkdv_layouts_match_the_default(shape, recipe, layout, gluon_calls, monkeypatch):
+    """K and V read by the MMAs from shared memory, with 32- or 64-query tiles: the same codes and
+    per-element operations as the default layout, so dK and dV within AB_REL of it (only the MMAs'
+    fp32 accumulation may group differently) and dQ identical."""
+    config, dtype = RECIPES[recipe], torch.bfloat16
+    tensors, mask, scale, _ = _problem(shape, config, seed=7)
+    default = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls["gluon_dkdv"] == 1  # every shape here is in the dK/dV kernel's scope
+    kv_regs, block_q = backward_dkdv_gluon.LAYOUTS[layout]
+    monkeypatch.setattr(backward_dkdv_gluon, "KV_IN_REGISTERS", kv_regs)
+    monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", block_q)
+    got = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls["gluon_dkdv"] == 2, "the layout's kernel ran"
+    assert torch.equal(got[0], default[0]), "dq: not reached by the dK/dV kernel"
+    for label, x, r in zip(("dk", "dv"), got[1:], default[1:]):
+        assert torch.isfinite(x).all(), label
+        assert rel_err(x, r) <= AB_REL, (layout, label, rel_err(x, r))
+
+
 def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
     config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
     tensors, mask, scale, _ = _problem("causal_gqa_d128", config, seed=5)
