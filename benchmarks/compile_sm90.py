@@ -135,6 +135,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["POW2"] = False
     if "KV_REGS" in kernel.arg_names:
         consts["KV_REGS"] = mod.KV_IN_REGISTERS
+    if "QDO_REGS" in kernel.arg_names:
+        consts["QDO_REGS"] = mod.QDO_IN_REGISTERS
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
     parser.add_argument("--gluon", action="store_true",
-                        help="the Gluon backward kernels' shared memory and loops (dK/dV in each of its LAYOUTS)")
+                        help="the Gluon backward kernels' shared memory and loops (dK/dV and dQ in each layout)")
     parser.add_argument("--json", action="store_true", help="with --gluon: one JSON line instead of the table")
     parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
     args = parser.parse_args(argv)
@@ -199,18 +201,23 @@ def main(argv=None) -> int:
     if args.gluon:
         from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
         rows = []
-        dkdv = backward_dkdv_gluon
-        builds = [("dkdv", layout, d) for layout in dkdv.LAYOUTS for d in dkdv.HEAD_DIMS]
-        builds += [(name, None, d) for name, module in (("dq", backward_dq_gluon), ("stats", backward_stats_gluon))
-                   for d in module.HEAD_DIMS]
-        default = dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q
+        # kernel name: (module, the constants its LAYOUTS set)
+        layered = {"dkdv": (backward_dkdv_gluon, ("KV_IN_REGISTERS", "BLOCK_Q")),
+                   "dq": (backward_dq_gluon, ("QDO_IN_REGISTERS", "BLOCK_N"))}
+        builds = [(name, layout, d) for name, (module, _) in layered.items() for layout in module.LAYOUTS
+                  for d in module.HEAD_DIMS]
+        builds += [("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS]
         for name, layout, d in builds:
             for causal in (True, False):
-                dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q = dkdv.LAYOUTS[layout] if layout else default
+                module, names = layered.get(name, (None, ()))
+                default = [getattr(module, n) for n in names]
+                for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
+                    setattr(module, n, value)
                 try:
                     compiled = compile_gluon(name, d, causal)
                 finally:
-                    dkdv.KV_IN_REGISTERS, dkdv.BLOCK_Q = default
+                    for n, value in zip(names, default):
+                        setattr(module, n, value)
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3

@@ -1,8 +1,8 @@
 """Variants of the backward's launch table timed side by side in one process, beside SDPA.
 
-Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims) and
-constants of the Gluon dK/dV kernel (its operand layout: ``KV_IN_REGISTERS``, ``BLOCK_Q``) before
-its calls; the variants are alternated over ``--rounds`` so that drift between them shows.
+Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims) or
+the operand layout of the Gluon dK/dV or dQ kernel (their ``LAYOUTS``) before its calls; the
+variants are alternated over ``--rounds`` so that drift between them shows.
 Per shape and variant: median ms of the backward alone and of fwd+bwd (triton.testing.do_bench,
 ``bench_attention._time``), the ratio to SDPA's cuDNN backend in the same run, and the difference
 of each gradient from the first variant's, as a relative Frobenius norm (every variant computes
@@ -29,11 +29,11 @@ from bench_attention import _sdpa_fn, _time, environment, flops  # noqa: E402
 from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
-from hf_fp8_attention.kernels import backward, backward_dkdv_gluon  # noqa: E402
+from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon  # noqa: E402
 from recipe_names import recipe_config  # noqa: E402
 
-# name: ({LAUNCH key: head dims}, {backward_dkdv_gluon constant: value}), set before the variant's
-# calls (the package's values otherwise)
+# name: ({LAUNCH key: head dims}, {(module, constant): value}), set before the variant's calls (the
+# package's values otherwise)
 VARIANTS = {
     "package": ({}, {}),
     "triton_stats": ({"gluon_dq_stats": ()}, {}),
@@ -41,19 +41,23 @@ VARIANTS = {
     "triton_dq": ({"gluon_dq": ()}, {}),
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
-    **{f"dkdv_{name}": ({}, dict(KV_IN_REGISTERS=kv_regs, BLOCK_Q=block_q))  # the dK/dV kernel's layouts
-       for name, (kv_regs, block_q) in backward_dkdv_gluon.LAYOUTS.items()},
+    # the Gluon kernels' operand layouts (each variant changes one kernel's)
+    **{f"dkdv_{name}": ({}, {(backward_dkdv_gluon, "KV_IN_REGISTERS"): kv_regs, (backward_dkdv_gluon, "BLOCK_Q"): bq})
+       for name, (kv_regs, bq) in backward_dkdv_gluon.LAYOUTS.items()},
+    **{f"dq_{name}": ({}, {(backward_dq_gluon, "QDO_IN_REGISTERS"): qdo_regs, (backward_dq_gluon, "BLOCK_N"): bn})
+       for name, (qdo_regs, bn) in backward_dq_gluon.LAYOUTS.items()},
 }
 DEFAULT_LAUNCH = dict(backward.LAUNCH)
-DEFAULT_DKDV = {name: getattr(backward_dkdv_gluon, name) for name in ("KV_IN_REGISTERS", "BLOCK_Q")}
+DEFAULT_CONSTANTS = {(module, attr): getattr(module, attr) for _, constants in VARIANTS.values()
+                     for module, attr in constants}
 
 
 def apply(name: str) -> None:
-    launch, dkdv = VARIANTS[name]
+    launch, constants = VARIANTS[name]
     backward.LAUNCH.clear()
     backward.LAUNCH.update(DEFAULT_LAUNCH, **launch)
-    for attr, value in {**DEFAULT_DKDV, **dkdv}.items():
-        setattr(backward_dkdv_gluon, attr, value)
+    for (module, attr), value in {**DEFAULT_CONSTANTS, **constants}.items():
+        setattr(module, attr, value)
 
 
 def grads(cfg, q, k, v, do, causal):

@@ -87,7 +87,7 @@ def test_cpu_tensors_take_the_triton_launches():
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for (dK/dV in each of its operand layouts), built as
+    """Every kernel at every head dim it is built for (dK/dV and dQ in each of their operand layouts), built as
     the GPU builds it (in a fresh process without the interpreter, whose patches of triton.language a
     Gluon compile in this process would meet after other tests): shared memory fits a block, the
     consumers' tile loops keep their accumulators in registers (no local-memory traffic beyond one
@@ -100,10 +100,9 @@ def test_compiles_for_sm90():
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
     built = {(r["kernel"], r["layout"], r["d"]) for r in rows}
-    assert built == ({("dkdv", layout, d) for layout in backward_dkdv_gluon.LAYOUTS
-                      for d in backward_dkdv_gluon.HEAD_DIMS}
-                     | {(name, None, d) for name, module in (("dq", backward_dq_gluon), ("stats", backward_stats_gluon))
-                        for d in module.HEAD_DIMS})
+    assert built == ({(name, layout, d) for name, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
+                      for layout in module.LAYOUTS for d in module.HEAD_DIMS}
+                     | {("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS})
     for r in rows:
         assert r["shared"] <= 227 * 1024, r
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
@@ -124,12 +123,18 @@ def test_device_checks(monkeypatch):
         assert module.unsupported_reason(fake, fake, CAUSAL, FAST, {}) is None
 
 
-def test_dkdv_layouts(monkeypatch):
-    """The dK/dV kernel's default operand layout is the first of its LAYOUTS, and the scope follows
-    the query tile of the layout in use (BLOCK_Q is read at each call)."""
+def test_operand_layouts(monkeypatch):
+    """The dK/dV and dQ kernels' default operand layouts are the first of their LAYOUTS, and the
+    scopes follow the tile of the layout in use (BLOCK_Q, BLOCK_N are read at each call)."""
     assert next(iter(backward_dkdv_gluon.LAYOUTS.values())) == (backward_dkdv_gluon.KV_IN_REGISTERS,
                                                                  backward_dkdv_gluon.BLOCK_Q)
+    assert next(iter(backward_dq_gluon.LAYOUTS.values())) == (backward_dq_gluon.QDO_IN_REGISTERS,
+                                                               backward_dq_gluon.BLOCK_N)
     shapes = dict(shape_q=(1, 2, 96, 128), shape_k=(1, 2, 128, 128), mask=MaskSpec())
     assert _reason(**shapes) is None
     monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", backward_dkdv_gluon.LAYOUTS["kv_shared_q64"][1])
     assert "need multiples of 64 / 128" in _reason(**shapes)
+    shapes = dict(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec(), module=backward_dq_gluon)
+    assert _reason(**shapes) is None
+    monkeypatch.setattr(backward_dq_gluon, "BLOCK_N", backward_dq_gluon.LAYOUTS["qdo_shared_k128"][1])
+    assert "need multiples of 128 / 128" in _reason(**shapes)

@@ -12,6 +12,8 @@ scales of the sequence). The mirror image of backward_dkdv_gluon.py: a producer 
 64-key tile's three FP8 copies (K and V row-wise for S and dP, Kᵀ channel-wise for dQ) by TMA into
 a ``STAGES``-deep ring; two consumer warpgroups own 64 queries each (128 per program) and share
 every key tile, each holding its Q and dO codes in registers (the A operands of S and dP).
+``LAYOUTS`` names the alternatives the kernel is built and tested in: Q and dO read from shared
+memory, with 64- or 128-key tiles.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
 Scope (:func:`scope_reason`): the fast recipes in E4M3, head dim 128, dense batches, query lengths
@@ -35,6 +37,14 @@ if gluon is not None:
 HEAD_DIMS = (128, )
 HALF_Q, BLOCK_N, STAGES = 64, 64, 3  # queries per consumer warpgroup; keys per tile; ring depth
 BLOCK_M = 2 * HALF_Q
+# Q's and dO's codes as the register A operand of S and dP' (True), or read by those MMAs from shared
+# memory (False). Shared memory frees 32 registers per thread: offline (sm_90a, Triton 3.9) it
+# leaves 128-key tiles (BLOCK_N = 128) spill-free and unserialised, with ~10% fewer instructions per
+# key than 64-key tiles; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
+QDO_IN_REGISTERS = True
+# The operand layouts the kernel is built and tested in: name -> (QDO_IN_REGISTERS, BLOCK_N); the
+# first is the default above.
+LAYOUTS = {"qdo_registers_k64": (True, 64), "qdo_shared_k64": (False, 64), "qdo_shared_k128": (False, 128)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 
 
@@ -76,7 +86,7 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
     _dq_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, QDO_REGS=QDO_IN_REGISTERS, STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -113,7 +123,7 @@ if gluon is not None:
     def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                   DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                  POW2: gl.constexpr, STAGES: gl.constexpr):
+                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32])
@@ -131,17 +141,22 @@ if gluon is not None:
         lse_p = gl.load(LSE2DO + stat) - gl.log2(gl.div_rn(1.0, ds_scale))
         delta = gl.load(DELTA + stat)
         mbarrier.wait(q_bar, 0)
-        q_reg = q_smem.index(WG).load(qa_layout)
-        do_reg = do_smem.index(WG).load(qa_layout)
+        if QDO_REGS:
+            q_reg = q_smem.index(WG).load(qa_layout)
+            do_reg = do_smem.index(WG).load(qa_layout)
+        else:  # the MMAs read them where TMA put them (never overwritten)
+            q_reg = q_smem.index(WG)
+            do_reg = do_smem.index(WG)
         dq = gl.zeros([HALF_Q, D], gl.float32, o_layout)
         if CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
             t_diag = q0 // BLOCK_N
+            N_DIAG: gl.constexpr = (HALF_Q + BLOCK_N - 1) // BLOCK_N  # tiles holding the diagonal (1 at 128 too)
             dq = _consumer_tiles(0, t_diag, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
                                  lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
-            dq = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
+            dq = _consumer_tiles(t_diag, t_diag + N_DIAG, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
                                  ready, empty, queries, sq, lse_p, delta, True, False, BLOCK_N, STAGES, s_layout,
                                  pa_layout)
-            dq = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
+            dq = _consumer_tiles(t_diag + N_DIAG, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
                                  empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout)
         else:
             dq = _consumer_tiles(0, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
@@ -165,7 +180,7 @@ if gluon is not None:
         DQ,  # (B, Hq, Sq, D) in the input dtype
         H, G, SQ, SK, NT_K, qk_scale, tau,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        QDO_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
 
@@ -179,14 +194,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 0, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, STAGES)),
+                         CAUSAL, POW2, QDO_REGS, STAGES)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 1, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, STAGES)),
+                         CAUSAL, POW2, QDO_REGS, STAGES)),
             (query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
                                    kt_smem, q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q,
                                    BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "gluon_dq", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "QDO_IN_REGISTERS", "gluon_dq", "scope_reason",
+           "unsupported_reason"]

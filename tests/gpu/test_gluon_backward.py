@@ -164,6 +164,29 @@ def test_gluon_dkdv_layouts_match_the_default(shape, recipe, layout, gluon_calls
         assert rel_err(x, r) <= AB_REL, (layout, label, rel_err(x, r))
 
 
+@pytest.mark.parametrize("layout", list(backward_dq_gluon.LAYOUTS)[1:])  # the default's alternatives
+@pytest.mark.parametrize("recipe", list(RECIPES)[:2])
+@pytest.mark.parametrize("shape", [name for name, (dims, _) in SHAPES.items()
+                                   if dims[-1] in backward_dq_gluon.HEAD_DIMS])
+def test_gluon_dq_layouts_match_the_default(shape, recipe, layout, gluon_calls, monkeypatch):
+    """Q and dO read by the MMAs from shared memory, with 64- or 128-key tiles: the same codes and
+    per-element operations as the default layout, so dQ within AB_REL of it (the MMAs' fp32
+    accumulation may group differently) and dK, dV identical."""
+    config, dtype = RECIPES[recipe], torch.bfloat16
+    tensors, mask, scale, _ = _problem(shape, config, seed=9)
+    default = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls["gluon_dq"] == 1  # every shape here is in the dQ kernel's scope
+    qdo_regs, block_n = backward_dq_gluon.LAYOUTS[layout]
+    monkeypatch.setattr(backward_dq_gluon, "QDO_IN_REGISTERS", qdo_regs)
+    monkeypatch.setattr(backward_dq_gluon, "BLOCK_N", block_n)
+    got = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls["gluon_dq"] == 2, "the layout's kernel ran"
+    assert torch.isfinite(got[0]).all()
+    assert rel_err(got[0], default[0]) <= AB_REL, (layout, rel_err(got[0], default[0]))
+    for label, x, r in zip(("dk", "dv"), got[1:], default[1:]):
+        assert torch.equal(x, r), (label, "not reached by the dQ kernel")
+
+
 def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
     config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
     tensors, mask, scale, _ = _problem("causal_gqa_d128", config, seed=5)
