@@ -1,0 +1,102 @@
+"""What the stale delta adds to the gradients, by sequence length, on real activations.
+
+For each layer of a fixture of captured attention inputs (``recipe_errors.py``'s format) and each
+length (its first N tokens, causal), runs the CPU emulation of a matched recipe and its stale twin.
+Both share the forward and every quantized operand; only D differs (the backward's own Σ_j P̂ dP̂,
+or rowsum(dO ∘ O)). So ``g_stale − g_matched`` is exactly what the stale delta adds, and
+‖g_stale − g_matched‖ / ‖g_ref‖ (float64 reference) measures it beside each recipe's own error.
+Prints one row per (pair, layer, length) and writes a JSON and a PNG (the added dQ and dK error
+against the length, one line per layer).
+
+    python benchmarks/stale_vs_length.py                                   # tests/data slice, 1024 tokens
+    python benchmarks/stale_vs_length.py --fixture F --tokens 256,512,1024,2048 --out-dir DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_errors import DEFAULT_FIXTURE, SCALE, emulate, load_layers, rel  # noqa: E402
+
+from hf_fp8_attention import RECIPES  # noqa: E402
+from hf_fp8_attention.diagnostics import row_sum_residual  # noqa: E402
+from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+
+PAIRS = (("fp8_delta", "fp8_stale"), ("fp8_delta_fast", "fp8_stale_fast"))
+
+
+def measure(q, k, v, do, matched: str, stale: str) -> dict[str, float]:
+    """Errors of ``matched`` and ``stale`` against float64 attention, and the stale delta's own
+    contribution ``stale_added_*`` = ‖g_stale − g_matched‖ / ‖g_ref‖, for dQ and dK (dV does not see
+    D), with the stale twin's median zero-row-sum residual."""
+    exact = exact_attention_grads(q, k, v, do, scale=SCALE, mask=MaskSpec(causal=True))
+    _, g_matched, _ = emulate(q, k, v, do, RECIPES[matched])
+    _, g_stale, internals = emulate(q, k, v, do, RECIPES[stale])
+    out = {"residual": float(row_sum_residual([internals]).median())}
+    for i, name in ((0, "dQ"), (1, "dK")):
+        ref = exact[1 + i]
+        out[f"matched_{name}"] = rel(g_matched[i], ref)
+        out[f"stale_{name}"] = rel(g_stale[i], ref)
+        out[f"stale_added_{name}"] = float((g_stale[i].double() - g_matched[i].double()).norm() / ref.norm())
+    return out
+
+
+def plot(results: dict, lengths: list[int], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, grad in zip(axes, ("dQ", "dK")):
+        for key, rows in results.items():
+            ax.plot(lengths, [100 * rows[str(n)][f"stale_added_{grad}"] for n in lengths], marker="o", label=key)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens (causal)")
+        ax.set_title(f"{grad}: ‖stale − matched‖ / ‖exact‖")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("% of the exact gradient's norm")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
+    parser.add_argument("--tokens", default="256,512,1024", help="comma-separated lengths (first N tokens)")
+    parser.add_argument("--out-dir", type=Path, help="writes stale_vs_length.json and .png there")
+    args = parser.parse_args(argv)
+    lengths = sorted(int(x) for x in args.tokens.split(","))
+    layers = load_layers(args.fixture, max(lengths))
+    have = next(iter(layers.values()))[0].shape[2]
+    if have < max(lengths):
+        parser.error(f"--tokens {max(lengths)}: the fixture holds {have} tokens")
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    print(f"{'pair':<31} {'layer':>5} {'tokens':>6}  dQ matched / stale / added   dK matched / stale / added"
+          "   residual (stale)")
+    for matched, stale in PAIRS:
+        for layer, tensors in layers.items():
+            key = f"{matched}/{stale} layer {layer}"
+            results[key] = {}
+            for n in lengths:
+                row = measure(*(t[:, :, :n] for t in tensors), matched, stale)
+                results[key][str(n)] = row
+                print(f"{matched + ' / ' + stale:<31} {layer:>5} {n:>6}  "
+                      + "  ".join(" / ".join(f"{100 * row[f'{kind}_{g}']:5.2f}%" for kind in ("matched", "stale",
+                                                                                                "stale_added"))
+                                  for g in ("dQ", "dK"))
+                      + f"   {row['residual']:.1e}", flush=True)
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "stale_vs_length.json").write_text(json.dumps(
+            {"fixture": args.fixture.name, "tokens": lengths, "results": results}, indent=1))
+        plot(results, lengths, args.out_dir / "stale_vs_length.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
