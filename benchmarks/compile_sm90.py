@@ -201,15 +201,14 @@ def main(argv=None) -> int:
     if args.gluon:
         from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
         rows = []
-        # kernel name: (module, the constants its LAYOUTS set)
-        layered = {"dkdv": (backward_dkdv_gluon, ("KV_IN_REGISTERS", "BLOCK_Q")),
-                   "dq": (backward_dq_gluon, ("QDO_IN_REGISTERS", "BLOCK_N"))}
-        builds = [(name, layout, d) for name, (module, _) in layered.items() for layout in module.LAYOUTS
+        layered = {"dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon}  # built in each of their LAYOUTS
+        builds = [(name, layout, d) for name, module in layered.items() for layout in module.LAYOUTS
                   for d in module.HEAD_DIMS]
         builds += [("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS]
         for name, layout, d in builds:
             for causal in (True, False):
-                module, names = layered.get(name, (None, ()))
+                module = layered.get(name)
+                names = module.LAYOUT_CONSTANTS if layout else ()
                 default = [getattr(module, n) for n in names]
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)

@@ -42,10 +42,9 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     # the Gluon kernels' operand layouts (each variant changes one kernel's)
-    **{f"dkdv_{name}": ({}, {(backward_dkdv_gluon, "KV_IN_REGISTERS"): kv_regs, (backward_dkdv_gluon, "BLOCK_Q"): bq})
-       for name, (kv_regs, bq) in backward_dkdv_gluon.LAYOUTS.items()},
-    **{f"dq_{name}": ({}, {(backward_dq_gluon, "QDO_IN_REGISTERS"): qdo_regs, (backward_dq_gluon, "BLOCK_N"): bn})
-       for name, (qdo_regs, bn) in backward_dq_gluon.LAYOUTS.items()},
+    **{f"{prefix}_{name}": ({}, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})
+       for prefix, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
+       for name, values in module.LAYOUTS.items()},
 }
 DEFAULT_LAUNCH = dict(backward.LAUNCH)
 DEFAULT_CONSTANTS = {(module, attr): getattr(module, attr) for _, constants in VARIANTS.values()

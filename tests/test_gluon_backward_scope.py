@@ -87,11 +87,11 @@ def test_cpu_tensors_take_the_triton_launches():
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for (dK/dV and dQ in each of their operand layouts), built as
-    the GPU builds it (in a fresh process without the interpreter, whose patches of triton.language a
-    Gluon compile in this process would meet after other tests): shared memory fits a block, the
-    consumers' tile loops keep their accumulators in registers (no local-memory traffic beyond one
-    reload), and ptxas did not serialise their MMAs (a wait after each)."""
+    """Every kernel at every head dim it is built for, dK/dV and dQ in each of their operand layouts,
+    built as the GPU builds it (in a fresh process without the interpreter, whose patches of
+    triton.language a Gluon compile in this process would meet after other tests): shared memory fits
+    a block, the consumers' tile loops keep their accumulators in registers (no local-memory traffic
+    beyond one reload), and ptxas did not serialise their MMAs (a wait after each)."""
     if gluon_hopper.gluon is None:
         pytest.skip("this Triton has no Gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -126,10 +126,10 @@ def test_device_checks(monkeypatch):
 def test_operand_layouts(monkeypatch):
     """The dK/dV and dQ kernels' default operand layouts are the first of their LAYOUTS, and the
     scopes follow the tile of the layout in use (BLOCK_Q, BLOCK_N are read at each call)."""
-    assert next(iter(backward_dkdv_gluon.LAYOUTS.values())) == (backward_dkdv_gluon.KV_IN_REGISTERS,
-                                                                 backward_dkdv_gluon.BLOCK_Q)
-    assert next(iter(backward_dq_gluon.LAYOUTS.values())) == (backward_dq_gluon.QDO_IN_REGISTERS,
-                                                               backward_dq_gluon.BLOCK_N)
+    for module in (backward_dkdv_gluon, backward_dq_gluon):
+        default = tuple(getattr(module, name) for name in module.LAYOUT_CONSTANTS)
+        assert next(iter(module.LAYOUTS.values())) == default
+        assert all(len(values) == len(module.LAYOUT_CONSTANTS) for values in module.LAYOUTS.values())
     shapes = dict(shape_q=(1, 2, 96, 128), shape_k=(1, 2, 128, 128), mask=MaskSpec())
     assert _reason(**shapes) is None
     monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", backward_dkdv_gluon.LAYOUTS["kv_shared_q64"][1])

@@ -51,8 +51,9 @@ BLOCK_K = 2 * HALF_K
 # it leaves 64-query tiles (BLOCK_Q = 64) spill-free and unserialised, which in registers spill and
 # make ptxas serialise every wgmma; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
 KV_IN_REGISTERS = True
-# The operand layouts the kernel is built and tested in: name -> (KV_IN_REGISTERS, BLOCK_Q); the
+# The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
 # first is the default above.
+LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q")
 LAYOUTS = {"kv_registers_q32": (True, 32), "kv_shared_q32": (False, 32), "kv_shared_q64": (False, 64)}
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
@@ -304,5 +305,5 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "gluon_dkdv", "scope_reason",
-           "unsupported_reason"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "gluon_dkdv",
+           "scope_reason", "unsupported_reason"]

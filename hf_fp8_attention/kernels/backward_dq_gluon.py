@@ -42,8 +42,9 @@ BLOCK_M = 2 * HALF_Q
 # leaves 128-key tiles (BLOCK_N = 128) spill-free and unserialised, with ~10% fewer instructions per
 # key than 64-key tiles; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
 QDO_IN_REGISTERS = True
-# The operand layouts the kernel is built and tested in: name -> (QDO_IN_REGISTERS, BLOCK_N); the
+# The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
 # first is the default above.
+LAYOUT_CONSTANTS = ("QDO_IN_REGISTERS", "BLOCK_N")
 LAYOUTS = {"qdo_registers_k64": (True, 64), "qdo_shared_k64": (False, 64), "qdo_shared_k128": (False, 128)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 
@@ -204,5 +205,5 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "QDO_IN_REGISTERS", "gluon_dq", "scope_reason",
-           "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "QDO_IN_REGISTERS", "gluon_dq",
+           "scope_reason", "unsupported_reason"]

@@ -153,9 +153,8 @@ def test_gluon_dkdv_layouts_match_the_default(shape, recipe, layout, gluon_calls
     tensors, mask, scale, _ = _problem(shape, config, seed=7)
     default = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls["gluon_dkdv"] == 1  # every shape here is in the dK/dV kernel's scope
-    kv_regs, block_q = backward_dkdv_gluon.LAYOUTS[layout]
-    monkeypatch.setattr(backward_dkdv_gluon, "KV_IN_REGISTERS", kv_regs)
-    monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", block_q)
+    for name, value in zip(backward_dkdv_gluon.LAYOUT_CONSTANTS, backward_dkdv_gluon.LAYOUTS[layout]):
+        monkeypatch.setattr(backward_dkdv_gluon, name, value)
     got = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls["gluon_dkdv"] == 2, "the layout's kernel ran"
     assert torch.equal(got[0], default[0]), "dq: not reached by the dK/dV kernel"
@@ -176,9 +175,8 @@ def test_gluon_dq_layouts_match_the_default(shape, recipe, layout, gluon_calls, 
     tensors, mask, scale, _ = _problem(shape, config, seed=9)
     default = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls["gluon_dq"] == 1  # every shape here is in the dQ kernel's scope
-    qdo_regs, block_n = backward_dq_gluon.LAYOUTS[layout]
-    monkeypatch.setattr(backward_dq_gluon, "QDO_IN_REGISTERS", qdo_regs)
-    monkeypatch.setattr(backward_dq_gluon, "BLOCK_N", block_n)
+    for name, value in zip(backward_dq_gluon.LAYOUT_CONSTANTS, backward_dq_gluon.LAYOUTS[layout]):
+        monkeypatch.setattr(backward_dq_gluon, name, value)
     got = _gpu_backward(tensors, mask, scale, config, dtype)
     assert gluon_calls["gluon_dq"] == 2, "the layout's kernel ran"
     assert torch.isfinite(got[0]).all()
