@@ -142,47 +142,36 @@ def test_gluon_backward_matches_triton_launches(shape, recipe, gluon_calls, monk
                 assert torch.equal(both[i], triton[i]), (key, label, "not reached by the kernel: must be identical")
 
 
-@pytest.mark.parametrize("layout", list(backward_dkdv_gluon.LAYOUTS)[1:])  # the default's alternatives
+# (shape, LAUNCH key, layout): each alternative operand layout of the dK/dV and dQ kernels, on the
+# shapes at head dims the kernel is built for
+LAYOUT_CASES = [(shape, key, layout) for key in ("gluon_dkdv", "gluon_dq")
+                for layout in list(KERNELS[key][0].LAYOUTS)[1:]
+                for shape, (dims, _) in SHAPES.items() if dims[-1] in KERNELS[key][0].HEAD_DIMS]
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES)[:2])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_gluon_dkdv_layouts_match_the_default(shape, recipe, layout, gluon_calls, monkeypatch):
-    """K and V read by the MMAs from shared memory, with 32- or 64-query tiles: the same codes and
-    per-element operations as the default layout, so dK and dV within AB_REL of it (only the MMAs'
-    fp32 accumulation may group differently) and dQ identical."""
+@pytest.mark.parametrize("shape, key, layout", LAYOUT_CASES)
+def test_gluon_layouts_match_the_default(shape, key, layout, recipe, gluon_calls, monkeypatch):
+    """An alternative operand layout (dK/dV: K and V read from shared memory, 32- or 64-query tiles;
+    dQ: Q and dO from shared memory, 64- or 128-key tiles) computes from the same codes with the same
+    per-element operations as the default layout, so the gradients its kernel forms are within
+    AB_REL of the default's (only the MMAs' fp32 accumulation may group differently) and the others
+    identical."""
+    module, _, reached = KERNELS[key]
     config, dtype = RECIPES[recipe], torch.bfloat16
     tensors, mask, scale, _ = _problem(shape, config, seed=7)
     default = _gpu_backward(tensors, mask, scale, config, dtype)
-    assert gluon_calls["gluon_dkdv"] == 1  # every shape here is in the dK/dV kernel's scope
-    for name, value in zip(backward_dkdv_gluon.LAYOUT_CONSTANTS, backward_dkdv_gluon.LAYOUTS[layout]):
-        monkeypatch.setattr(backward_dkdv_gluon, name, value)
+    assert gluon_calls[key] == 1  # every shape here is in the kernel's scope
+    for name, value in zip(module.LAYOUT_CONSTANTS, module.LAYOUTS[layout]):
+        monkeypatch.setattr(module, name, value)
     got = _gpu_backward(tensors, mask, scale, config, dtype)
-    assert gluon_calls["gluon_dkdv"] == 2, "the layout's kernel ran"
-    assert torch.equal(got[0], default[0]), "dq: not reached by the dK/dV kernel"
-    for label, x, r in zip(("dk", "dv"), got[1:], default[1:]):
-        assert torch.isfinite(x).all(), label
-        assert rel_err(x, r) <= AB_REL, (layout, label, rel_err(x, r))
-
-
-@pytest.mark.parametrize("layout", list(backward_dq_gluon.LAYOUTS)[1:])  # the default's alternatives
-@pytest.mark.parametrize("recipe", list(RECIPES)[:2])
-@pytest.mark.parametrize("shape", [name for name, (dims, _) in SHAPES.items()
-                                   if dims[-1] in backward_dq_gluon.HEAD_DIMS])
-def test_gluon_dq_layouts_match_the_default(shape, recipe, layout, gluon_calls, monkeypatch):
-    """Q and dO read by the MMAs from shared memory, with 64- or 128-key tiles: the same codes and
-    per-element operations as the default layout, so dQ within AB_REL of it (the MMAs' fp32
-    accumulation may group differently) and dK, dV identical."""
-    config, dtype = RECIPES[recipe], torch.bfloat16
-    tensors, mask, scale, _ = _problem(shape, config, seed=9)
-    default = _gpu_backward(tensors, mask, scale, config, dtype)
-    assert gluon_calls["gluon_dq"] == 1  # every shape here is in the dQ kernel's scope
-    for name, value in zip(backward_dq_gluon.LAYOUT_CONSTANTS, backward_dq_gluon.LAYOUTS[layout]):
-        monkeypatch.setattr(backward_dq_gluon, name, value)
-    got = _gpu_backward(tensors, mask, scale, config, dtype)
-    assert gluon_calls["gluon_dq"] == 2, "the layout's kernel ran"
-    assert torch.isfinite(got[0]).all()
-    assert rel_err(got[0], default[0]) <= AB_REL, (layout, rel_err(got[0], default[0]))
-    for label, x, r in zip(("dk", "dv"), got[1:], default[1:]):
-        assert torch.equal(x, r), (label, "not reached by the dQ kernel")
+    assert gluon_calls[key] == 2, "the layout's kernel ran"
+    for i, label in enumerate(("dq", "dk", "dv")):
+        if i in reached:
+            assert torch.isfinite(got[i]).all(), label
+            assert rel_err(got[i], default[i]) <= AB_REL, (layout, label, rel_err(got[i], default[i]))
+        else:
+            assert torch.equal(got[i], default[i]), (label, "not reached by the kernel: must be identical")
 
 
 def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
