@@ -11,10 +11,11 @@ FlashAttention-3's backward:
 
 - a producer warp brings each query tile's four FP8 copies (Q and dO row-wise for Sᵀ and dPᵀ, Qᵀ and
   dOᵀ channel-wise for dK and dV) by TMA into a ``STAGES``-deep ring, with its LSE' and D' values;
-- two consumer warpgroups own 64 keys each (128 per program) and share every query tile; each holds
-  its K and V codes in registers (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ), so the tensor cores
-  read half the shared memory per product. ``LAYOUTS`` names the alternatives the kernel is built
-  and tested in: K and V read from shared memory, with 32- or 64-query tiles.
+- two consumer warpgroups own 64 keys each (128 per program) and share every 64-query tile; the
+  MMAs read K's and V's codes (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ) from shared memory,
+  which leaves the registers for 64-query tiles. ``LAYOUTS`` names the alternatives the kernel is
+  built and tested in: K and V in registers with 32-query tiles (half the shared-memory reads per
+  product; the first default, 7% slower on the H200), or in shared memory with 32-query tiles.
 
 One program per (128 keys, batch · kv head) loops over the G query heads of its kv head (GQA) and
 their visible query tiles, causal programs with the most tiles first. Per query head the
@@ -25,7 +26,7 @@ Scope (:func:`scope_reason`): the fast recipes in E4M3, head dims 64 and 128 (en
 ``backward.LAUNCH["gluon_dkdv"]`` at 128 only: at 64 the Triton launch's 64 x 64 tiles were 1-4%
 faster),
 dense batches (no packed sequences, no window), key lengths a multiple of 128 and query lengths of
-32, causal only with as many queries as keys, no soft-cap or K-smoothing row constant (attention
+``BLOCK_Q`` (64), causal only with as many queries as keys, no soft-cap or K-smoothing row constant (attention
 sinks are in LSE' already). Elsewhere the Triton launch runs. On the H200 it made the fast
 backward 6-13% faster at d = 128 (its first version, without GQA: 1.84 -> 1.38 ms at B = 2, H = 16,
 S = 8192, causal; benchmarks/NOTES.md, "Backward").
@@ -44,17 +45,18 @@ if gluon is not None:
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
-BLOCK_Q, HALF_K, STAGES = 32, 64, 3  # queries per tile; keys per consumer warpgroup; ring depth
+BLOCK_Q, HALF_K, STAGES = 64, 64, 3  # queries per tile; keys per consumer warpgroup; ring depth
 BLOCK_K = 2 * HALF_K
 # K's and V's codes as the register A operand of Sᵀ and dP'ᵀ (True), or read by those MMAs from
-# shared memory (False). Shared memory frees 32 registers per thread: offline (sm_90a, Triton 3.9)
-# it leaves 64-query tiles (BLOCK_Q = 64) spill-free and unserialised, which in registers spill and
-# make ptxas serialise every wgmma; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
-KV_IN_REGISTERS = True
+# shared memory (False). Shared memory frees 32 registers per thread: it leaves 64-query tiles
+# (BLOCK_Q = 64) spill-free and unserialised (offline, sm_90a), which in registers spill and make
+# ptxas serialise every wgmma. On the H200 the kernel took 1342 instead of 1445 us with them at 8k
+# causal, B = 2, H = 16 (benchmarks/NOTES.md, "Backward").
+KV_IN_REGISTERS = False
 # The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
 # first is the default above.
 LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q")
-LAYOUTS = {"kv_registers_q32": (True, 32), "kv_shared_q32": (False, 32), "kv_shared_q64": (False, 64)}
+LAYOUTS = {"kv_shared_q64": (False, 64), "kv_registers_q32": (True, 32), "kv_shared_q32": (False, 32)}
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
