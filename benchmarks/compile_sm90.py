@@ -8,7 +8,7 @@ logit modifiers (soft-cap, K-smoothing's row constant, sinks) off and on.
 
     python benchmarks/compile_sm90.py                       # compile every variant, print sizes
     python benchmarks/compile_sm90.py --against /path/to/other/checkout
-    python benchmarks/compile_sm90.py --gluon                   # the Gluon backward kernels' resources
+    python benchmarks/compile_sm90.py --gluon                   # the Gluon kernels' resources
 
 ``--against``: the SASS of each kernel with the modifiers off, this checkout against the other
 one's (e.g. ``git worktree add /tmp/main main``), instruction by instruction with the parameter
@@ -99,13 +99,16 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16"):
-    """One of the fast recipes' Gluon backward kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
-    ``"dq"``: kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py) built for
-    sm_90a at head dim ``d``, as the package launches it; None where this Triton has no Gluon."""
+    """One of the fast recipes' Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
+    ``"dq"``: kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
+    kernels/forward_gluon.py) built for sm_90a at head dim ``d``, as the package launches it; None
+    where this Triton has no Gluon."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, gluon_hopper
+    from hf_fp8_attention.kernels import (
+        backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon, gluon_hopper,
+    )
     if gluon_hopper.gluon is None:
         return None
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -120,6 +123,12 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         descs = dict(q_desc=(mod.BLOCK_Q, d), do_desc=(mod.BLOCK_Q, d), qt_desc=(d, mod.BLOCK_Q),
                      dot_desc=(d, mod.BLOCK_Q), k_desc=(mod.HALF_K, d), v_desc=(mod.HALF_K, d))
         outs = ("DK", "DV")
+    elif kernel_name == "fwd":
+        mod = forward_gluon
+        kernel = mod._fwd_kernel
+        consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N, LOG2_PMAX=mod.LOG2_PMAX)
+        descs = dict(q_desc=(mod.HALF_Q, d), k_desc=(mod.BLOCK_N, d), vt_desc=(d, mod.BLOCK_N))
+        outs = ("OUT", )
     else:
         mod = backward_dq_gluon if kernel_name == "dq" else backward_stats_gluon
         kernel = mod._dq_kernel if kernel_name == "dq" else mod._stats_kernel
@@ -137,11 +146,16 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["KV_REGS"] = mod.KV_IN_REGISTERS
     if "QDO_REGS" in kernel.arg_names:
         consts["QDO_REGS"] = mod.QDO_IN_REGISTERS
+    if "Q_REGS" in kernel.arg_names:
+        consts["Q_REGS"] = mod.Q_IN_REGISTERS
+    if "MERGED" in kernel.arg_names:
+        consts["MERGED"] = mod.MERGED_WAITS
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
     sig.update({name: f"*{out_dtype}" for name in outs})
-    sig.update({name: kind for name, kind in (("DS_BOUND", "*i32"), ("qk_scale", "fp32"), ("tau", "fp32"))
+    sig.update({name: kind for name, kind in (("DS_BOUND", "*i32"), ("qk_scale", "fp32"), ("tau", "fp32"),
+                                              ("slack", "fp32"))
                 if name in kernel.arg_names})
     sig.update({name: "constexpr" for name in consts})
     src = GluonASTSource(kernel, sig, constexprs={(kernel.arg_names.index(n), ): v for n, v in consts.items()})
@@ -190,7 +204,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", type=Path, help="another checkout: compare the modifiers-off SASS with it")
     parser.add_argument("--gluon", action="store_true",
-                        help="the Gluon backward kernels' shared memory and loops (dK/dV and dQ in each layout)")
+                        help="the Gluon kernels' shared memory and loops (forward, dK/dV and dQ in each layout)")
     parser.add_argument("--json", action="store_true", help="with --gluon: one JSON line instead of the table")
     parser.add_argument("--digest", action="store_true", help=argparse.SUPPRESS)  # JSON of the off SASS (a child run)
     args = parser.parse_args(argv)
@@ -199,9 +213,10 @@ def main(argv=None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     if args.gluon:
-        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
+        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon
         rows = []
-        layered = {"dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon}  # built in each of their LAYOUTS
+        # built in each of their LAYOUTS
+        layered = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon}
         builds = [(name, layout, d) for name, module in layered.items() for layout in module.LAYOUTS
                   for d in module.HEAD_DIMS]
         builds += [("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS]

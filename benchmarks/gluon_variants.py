@@ -1,12 +1,14 @@
-"""Variants of the backward's launch table timed side by side in one process, beside SDPA.
+"""Variants of the Gluon kernels' use timed side by side in one process, beside SDPA.
 
-Each variant sets entries of ``backward.LAUNCH`` (which Gluon kernels run at which head dims) or
-the operand layout of the Gluon dK/dV or dQ kernel (their ``LAYOUTS``) before its calls; the
-variants are alternated over ``--rounds`` so that drift between them shows.
-Per shape and variant: median ms of the backward alone and of fwd+bwd (triton.testing.do_bench,
-``bench_attention._time``), the ratio to SDPA's cuDNN backend in the same run, and the difference
-of each gradient from the first variant's, as a relative Frobenius norm (every variant computes
-the same maths; the order of fp32 accumulation may differ).
+Each variant sets entries of ``backward.LAUNCH`` (which Gluon backward kernels run at which head
+dims), ``forward.GLUON_FORWARD`` (``triton_fwd``: the Triton forward kernel) or the operand layout
+of the Gluon forward, dK/dV or dQ kernel (their ``LAYOUTS``) before its calls; the variants are
+alternated over ``--rounds`` so that drift between them shows.
+Per shape and variant: median ms of the forward, the backward alone and fwd+bwd
+(triton.testing.do_bench, ``bench_attention._time``), the ratio to SDPA's cuDNN backend in the
+same run, and the difference of the output and each gradient from the first variant's, as a
+relative Frobenius norm (every variant computes the same maths; the order of fp32 accumulation
+may differ).
 ``--profile`` adds the GPU time per kernel of one fwd+bwd of the first shape under each variant.
 
     python benchmarks/gluon_variants.py --recipe fp8_delta_fast --out-dir $OUT
@@ -29,11 +31,12 @@ from bench_attention import _sdpa_fn, _time, environment, flops  # noqa: E402
 from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
-from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon  # noqa: E402
+from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon, forward, forward_gluon  # noqa: E402,E501
 from recipe_names import recipe_config  # noqa: E402
 
 # name: ({LAUNCH key: head dims}, {(module, constant): value}), set before the variant's calls (the
 # package's values otherwise)
+MODES = ("fwd", "bwd", "fwdbwd")
 VARIANTS = {
     "package": ({}, {}),
     "triton_stats": ({"gluon_dq_stats": ()}, {}),
@@ -41,9 +44,10 @@ VARIANTS = {
     "triton_dq": ({"gluon_dq": ()}, {}),
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
+    "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
     # the Gluon kernels' operand layouts (each variant changes one kernel's)
     **{f"{prefix}_{name}": ({}, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})
-       for prefix, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
+       for prefix, module in (("fwd", forward_gluon), ("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
        for name, values in module.LAYOUTS.items()},
 }
 DEFAULT_LAUNCH = dict(backward.LAUNCH)
@@ -59,10 +63,12 @@ def apply(name: str) -> None:
         setattr(module, attr, value)
 
 
-def grads(cfg, q, k, v, do, causal):
+def outputs(cfg, q, k, v, do, causal):
+    """[O, dQ, dK, dV] in fp32."""
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    fp8_attention(qg, kg, vg, causal=causal, config=cfg).backward(do)
-    return [t.grad.float() for t in (qg, kg, vg)]
+    out = fp8_attention(qg, kg, vg, causal=causal, config=cfg)
+    out.backward(do)
+    return [out.detach().float()] + [t.grad.float() for t in (qg, kg, vg)]
 
 
 def main(argv=None) -> int:
@@ -93,28 +99,28 @@ def main(argv=None) -> int:
         row = {"S": s, "D": d, "B": b, "H": h, "causal": causal}
         cudnn = _sdpa_fn("cudnn", causal)
         for rnd in range(a.rounds):
-            for mode in ("bwd", "fwdbwd"):
+            for mode in MODES:
                 row.setdefault(f"cudnn/{mode}", []).append(_time(cudnn, mode, q, k, v, 25, 100))
             for name in names:
                 apply(name)
                 if rnd == 0:
-                    g = grads(cfg, q, k, v, do, causal)
+                    g = outputs(cfg, q, k, v, do, causal)
                     if ref is None:
                         ref = g
                     row[f"{name}/diff"] = [float((x - y).norm() / y.norm()) for x, y in zip(g, ref)]
                 impl = lambda q_, k_, v_: fp8_attention(q_, k_, v_, causal=causal, config=cfg)  # noqa: E731
-                for mode in ("bwd", "fwdbwd"):
+                for mode in MODES:
                     row.setdefault(f"{name}/{mode}", []).append(_time(impl, mode, q, k, v, 25, 100))
         rows.append(row)
         line = [f"S={s} D={d} B={b} causal={causal}"]
-        for mode in ("bwd", "fwdbwd"):
+        for mode in MODES:
             ref_ms = min(row[f"cudnn/{mode}"])
             line.append(f"  {mode}: cudnn {ref_ms:.3f} ms ({flops(mode, b, h, s, d, causal) / ref_ms / 1e9:.0f} TF)")
             for name in names:
                 ms = row[f"{name}/{mode}"]
                 line.append(f"    {name:<12} " + " / ".join(f"{x:.3f}" for x in ms)
                             + f" ms  x cudnn {ref_ms / min(ms):.3f}")
-        line.append("  grad diff vs first: " + "; ".join(
+        line.append("  O/dQ/dK/dV diff vs first: " + "; ".join(
             f"{n} " + "/".join(f"{x:.1e}" for x in row[f"{n}/diff"]) for n in names))
         print("\n".join(line), flush=True)
     if a.profile:

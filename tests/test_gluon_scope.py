@@ -1,5 +1,6 @@
-"""Where the fast recipes' Gluon backward kernels run (CPU; their numerics are checked on a Hopper GPU
-by tests/gpu/test_gluon_backward.py), and that they build for sm_90a with this machine's Triton."""
+"""Where the fast recipes' Gluon kernels run (CPU; their numerics are checked on a Hopper GPU by
+tests/gpu/test_gluon_backward.py and tests/gpu/test_gluon_forward.py), and that they build for sm_90a
+with this machine's Triton."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import torch
 from hf_fp8_attention import FP8AttentionConfig
 from hf_fp8_attention.config import FP8Format
 from hf_fp8_attention.kernels import (
-    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, gluon_hopper,
+    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward, forward_gluon, gluon_hopper,
 )
 from hf_fp8_attention.masking import MaskSpec
 
@@ -30,7 +31,8 @@ def _reason(shape_q=(2, 4, 512, 128), shape_k=(2, 2, 512, 128), mask=CAUSAL, con
     return module.scope_reason(shape_q, shape_k, mask, config, mods or {})
 
 
-MODULES = (backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon)
+MODULES = (backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon)
+LAYERED = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon}  # kernels with LAYOUTS
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -43,9 +45,19 @@ def test_in_scope(module):
 def test_the_statistics_kernel_runs_the_matched_delta_without_sinks():
     stale = FP8AttentionConfig.from_recipe("fp8_stale_fast")
     assert _reason(config=stale) is None and _reason(config=stale, module=backward_dq_gluon) is None
+    assert _reason(config=stale, module=forward_gluon) is None
     assert "stale" in _reason(config=stale, module=backward_stats_gluon)
     assert _reason(mods={"SINK": True}) is None
-    assert "sinks" in _reason(mods={"SINK": True}, module=backward_stats_gluon)
+    for module in (backward_stats_gluon, forward_gluon):
+        assert "sinks" in _reason(mods={"SINK": True}, module=module)
+
+
+def test_the_forward_kernel_needs_the_recipes_key_tile():
+    """The codes of P are relative to each key tile's own maximum (forward.py), so the kernel's
+    128-key tiles must be the recipe's."""
+    assert "key tiles of 64" in _reason(config=FAST.replace(block_k=64), module=forward_gluon)
+    assert "need multiples of 128 / 128" in _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128),
+                                                    mask=MaskSpec(), module=forward_gluon)
 
 
 def test_scopes_differ_in_head_dims_and_lengths():
@@ -54,6 +66,7 @@ def test_scopes_differ_in_head_dims_and_lengths():
     assert _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec()) is None
     assert "sequence lengths" in _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec(),
                                          module=backward_dq_gluon)
+    assert "sequence lengths" in _reason(shape_q=(1, 2, 96, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec())
     assert "sequence lengths" in _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec())
     assert _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec(),
                    module=backward_dq_gluon) is None
@@ -84,10 +97,12 @@ def test_cpu_tensors_take_the_triton_launches():
                         ("gluon_dq_stats", backward_stats_gluon)):
         assert module.unsupported_reason(q, q, CAUSAL, FAST, {}) is not None
         assert not backward._gluon_runs(module, key, q, q, CAUSAL, FAST, {})
+    assert "CUDA" in forward_gluon.unsupported_reason(q, q, CAUSAL, FAST, {})
+    assert not forward._gluon_forward_runs(q, q, CAUSAL, FAST, {})
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for, dK/dV and dQ in each of their operand layouts,
+    """Every kernel at every head dim it is built for, the forward, dK/dV and dQ in each of their operand layouts,
     built as the GPU builds it (in a fresh process without the interpreter, whose patches of
     triton.language a Gluon compile in this process would meet after other tests): shared memory fits
     a block, the consumers' tile loops keep their accumulators in registers (no local-memory traffic
@@ -100,7 +115,7 @@ def test_compiles_for_sm90():
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
     built = {(r["kernel"], r["layout"], r["d"]) for r in rows}
-    assert built == ({(name, layout, d) for name, module in (("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
+    assert built == ({(name, layout, d) for name, module in LAYERED.items()
                       for layout in module.LAYOUTS for d in module.HEAD_DIMS}
                      | {("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS})
     for r in rows:
@@ -124,16 +139,16 @@ def test_device_checks(monkeypatch):
 
 
 def test_operand_layouts(monkeypatch):
-    """The dK/dV and dQ kernels' default operand layouts are the first of their LAYOUTS, and the
-    scopes follow the tile of the layout in use (BLOCK_Q, BLOCK_N are read at each call)."""
-    for module in (backward_dkdv_gluon, backward_dq_gluon):
+    """The forward, dK/dV and dQ kernels' default operand layouts are the first of their LAYOUTS, and
+    the scopes follow the tile of the layout in use (BLOCK_Q, BLOCK_N are read at each call)."""
+    for module in LAYERED.values():
         default = tuple(getattr(module, name) for name in module.LAYOUT_CONSTANTS)
         assert next(iter(module.LAYOUTS.values())) == default
         assert all(len(values) == len(module.LAYOUT_CONSTANTS) for values in module.LAYOUTS.values())
     shapes = dict(shape_q=(1, 2, 96, 128), shape_k=(1, 2, 128, 128), mask=MaskSpec())
-    assert _reason(**shapes) is None
-    monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", backward_dkdv_gluon.LAYOUTS["kv_shared_q64"][1])
     assert "need multiples of 64 / 128" in _reason(**shapes)
+    monkeypatch.setattr(backward_dkdv_gluon, "BLOCK_Q", backward_dkdv_gluon.LAYOUTS["kv_registers_q32"][1])
+    assert _reason(**shapes) is None
     shapes = dict(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 192, 128), mask=MaskSpec(), module=backward_dq_gluon)
     assert _reason(**shapes) is None
     monkeypatch.setattr(backward_dq_gluon, "BLOCK_N", backward_dq_gluon.LAYOUTS["qdo_shared_k128"][1])

@@ -59,6 +59,7 @@ scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv h
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 
@@ -79,6 +80,13 @@ from .quantize import (
     quantize_operands, scale_from_amax, to_fp8,
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for
+from . import forward_gluon
+
+logger = logging.getLogger(__name__)
+
+# The fast recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
+# it applies, at these head dims; elsewhere _fwd_kernel.
+GLUON_FORWARD = (128, )
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
@@ -462,7 +470,8 @@ def triton_forward(
     Args:
         q: ``(B, Hq, Sq, D)`` bf16/fp16/fp32, any strides; k, v: ``(B, Hkv, Sk, D)``, D in ``config.SUPPORTED_HEAD_DIMS``.
         mask: causal / window / varlen (``B == 1``, int32 cu_seqlens) as in :mod:`..masking`.
-        block_m: fix the query tile (skips autotuning; used under the interpreter and in tests).
+        block_m: fix the Triton kernel's query tile (skips autotuning and the Gluon kernel; used under
+            the interpreter and in tests).
         softcap, sinks ``(Hq,)`` fp32: the logit modifiers (:mod:`hf_fp8_attention.reference`).
         for_backward: a dict to receive, under ``"kv_stats"``, K's and V's sequence statistics for
             the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
@@ -527,15 +536,20 @@ def triton_forward(
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     shift2, sinks2, softcap2 = mods.args(lse)
+    qk_scale = float(scale) * LOG2E * logit_factor(config, d)
     args = (
         q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
         cu_q, cu_k, tile_off, q_codes, q_scales, shift2, sinks2,
         hq, hkv, sq, sk, vt_codes.shape[-1], v_scales.shape[2], d,
-        float(scale) * LOG2E * logit_factor(config, d), window, softcap2,
+        qk_scale, window, softcap2,
     )
     meta = {**_kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
                            not varlen and sk % config.block_k == 0), **mods.meta()}
     if max(rows, 0) == 0:
+        return out, lse
+    if block_m is None and _gluon_forward_runs(q, k, mask, config, mods.meta()):
+        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, groups=hq // hkv,
+                                    qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
         return out, lse
 
     def launch(cfg: tuple[int, int, int]) -> None:
@@ -557,4 +571,21 @@ def triton_forward(
     return out, lse
 
 
-__all__ = ["LOG2E", "triton_forward"]
+def _gluon_forward_runs(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
+    """Whether forward_gluon.py's kernel does this forward (``GLUON_FORWARD`` lists the head dims it
+    is enabled at). It computes what ``_fwd_kernel`` computes, so where it cannot run that kernel
+    does, and the reason is logged once (debug level: nothing is lost)."""
+    if q.shape[-1] not in GLUON_FORWARD:
+        return False
+    reason = forward_gluon.unsupported_reason(q, k, mask, config, mod_meta)
+    if reason is not None:
+        _note_triton_forward(reason)
+    return reason is None
+
+
+@functools.lru_cache(maxsize=None)
+def _note_triton_forward(reason: str) -> None:
+    logger.debug("triton_forward: the Triton kernel, not the Gluon one: %s", reason)
+
+
+__all__ = ["GLUON_FORWARD", "LOG2E", "triton_forward"]

@@ -1,4 +1,4 @@
-"""What the backward's warp-specialised Gluon kernels for Hopper share (backward_stats_gluon.py,
+"""What the warp-specialised Gluon kernels for Hopper share (forward_gluon.py, backward_stats_gluon.py,
 backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
 ring barriers, and the query-side programs' (dQ, statistics) grid mapping and producer warp.
@@ -34,7 +34,7 @@ def _capability(index: int | None) -> tuple[int, int]:
 
 def recipe_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
                   mod_meta: dict) -> str | None:
-    """None when the call is one the Gluon backward kernels are written for (recipe, formats, logit
+    """None when the call is one the Gluon kernels are written for (recipe, formats, logit
     modifiers, dense batch, 32-bit TMA coordinates), else why not (one short phrase). ``shape_q``
     (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``'s constexprs."""
     if not (config.qdo_scales is Granularity.HEAD and config.kv_scales is Granularity.HEAD

@@ -1,0 +1,280 @@
+"""The fast recipes' forward on Hopper, written in Gluon and warp-specialised.
+
+It computes what ``_fwd_kernel`` (forward.py) computes for the fast recipes (``fp8_delta_fast``,
+``fp8_stale_fast``: Q and K with one scale per (sequence, head), so K_HEAD; V with one channel scale
+vector per (sequence, head), so V_SEQ), from the same FP8 copies and with the same fp32 operations
+per score, in the same order: per 128-key tile T, with x = Qc Kcᵀ (the raw code products),
+
+    m_T = max_j x_j,  m' = max(m, m_T),  r_T = max(m_T, m' − G/q2),  γ = 2^((r − r_T)·q2)
+    p = 2^((x − r_T)·q2 + log2 448),  l = γ·l + Σ p,  acc = fp8(p) Vcᵀ + γ·acc
+
+and at the end O = acc · sv / l, LSE = ln 2 · (r·q2 + log2 l − log2 448) (forward.py's module
+docstring: G = REF_SLACK, q2 = Q's scale · K's scale · τ · log2 e). O may differ from the Triton
+launch's only by the order of the row sums of p (on the H200 it was bit-identical in every timed
+shape).
+
+Why: the Triton launch runs the two products and the per-score work of a tile one after the other
+in each warp (0.74 PFLOP/s at 8k causal; the products alone take ~2/3 of its time, the per-score
+work alone about as much: benchmarks/NOTES.md, "What limits the kernels"). Here a producer warp
+brings each key tile's K codes and Vᵀ codes by TMA into a ``STAGES``-deep ring, and two consumer
+warpgroups own 64 queries each (128 per program). Each issues tile t's P·V and tile t+1's S
+together and waits for both at once (``MERGED_WAITS``), so the tensor cores get both products of
+one warpgroup while the other works on its scores.
+
+One program per (128 queries, batch · query head); causal programs with the most key tiles first.
+Scope (:func:`scope_reason`): the fast recipes in E4M3, key tiles of 128 (``config.block_k``,
+which sets the codes of P), head dim 128, dense batches, query and key lengths multiples of 128,
+causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row constant.
+``forward.GLUON_FORWARD`` lists the head dims it runs at.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import FP8AttentionConfig
+from ..masking import MaskSpec
+from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+
+if gluon is not None:
+    from .gluon_hopper import gl, mbarrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait
+
+HEAD_DIMS = (128, )
+HALF_Q, BLOCK_N, STAGES = 64, 128, 3  # queries per consumer warpgroup; keys per tile; ring depth
+BLOCK_M = 2 * HALF_Q
+# Q's codes as the register A operand of S (True), or read by that MMA from shared memory, where
+# TMA put them (False: 16 registers per thread fewer).
+Q_IN_REGISTERS = False
+# The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
+# first is the default above.
+# One wait per key tile for its P·V and the next tile's S together (True), or S waited for, then
+# P·V (False). On the H200 (fast recipe, B·S = 16k, H = 16): the kernel 760 -> 725 us at 8k causal
+# (716 with 3 ring slots), the forward 2-7% faster than with two waits (benchmarks/NOTES.md, "Forward").
+MERGED_WAITS = True
+LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES")
+LAYOUTS = {"q_shared_merged_s3": (False, True, 3), "q_shared_merged": (False, True, 2), "q_shared": (False, False, 2),
+           "q_registers": (True, False, 2)}
+CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+LOG2_PMAX = math.log2(448.0)
+
+
+def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
+                 mod_meta: dict) -> str | None:
+    """None when the call is in the kernel's scope (any device), else why not (one short phrase).
+    ``shape_q`` (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``."""
+    reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
+    if reason is None and mod_meta.get("SINK"):
+        reason = "attention sinks"
+    if reason is None and config.block_k != BLOCK_N:
+        reason = f"key tiles of {config.block_k} (built for {BLOCK_N})"
+    return reason or shape_reason(shape_q, shape_k, mask, HEAD_DIMS, BLOCK_M, BLOCK_N)
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,
+                       mod_meta: dict) -> str | None:
+    """None when :func:`gluon_forward` runs this forward, else why not: :func:`scope_reason`, then
+    the device (:func:`.gluon_hopper.device_reason`)."""
+    return scope_reason(tuple(q.shape), tuple(k.shape), mask, config, mod_meta) or device_reason(q)
+
+
+def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, *, groups: int,
+                  qk_scale: float, slack: float, causal: bool) -> None:
+    """Fill ``out`` (B, Hq, Sq, 128), contiguous, and ``lse`` (B, Hq, Sq) fp32 from the forward's
+    FP8 copies (forward.py's ``triton_forward``):
+
+    - ``q_codes`` (B, Hq, Sq, 128) e4m3 and ``q_scales`` (B, Hq, Sq) fp32: Q's rotated codes and
+      scales (one per head, repeated per token);
+    - ``k_codes`` (B, Hkv, Sk, 128) e4m3 and ``k_scales`` (B, Hkv, Sk) fp32: K's, alike;
+    - ``vt_codes`` (B, Hkv, 128, Sk_pad) e4m3: V's channel-wise transposed codes, ``v_scales``
+      (B, Hkv, n_tiles, 128) fp32 their channel scales (the sequence's, in tile 0).
+
+    ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
+    factor); ``slack``: forward.REF_SLACK."""
+    b, hq, sq, d = q_codes.shape
+    sk = k_codes.shape[2]
+    descs = (descriptor(q_codes.view(-1, d), (HALF_Q, d)), descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
+             descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
+    _fwd_kernel[(sq // BLOCK_M, b * hq)](
+        *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, STAGES=STAGES,
+        LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+        maxnreg=MAXNREG)
+
+
+if gluon is not None:
+    @gluon.jit
+    def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
+                      LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
+        forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score."""
+        if MASKED:
+            keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            x = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), x, float("-inf"))
+        m_t = gl.max(x, 1)
+        m_new = gl.maximum(m_i, m_t)
+        r_t = gl.maximum(m_t, m_new - slack_x)
+        if MASKED:  # rows with no visible key so far keep every exponent finite
+            r_ref = gl.where(r_t == float("-inf"), 0.0, r_t)
+        else:
+            r_ref = r_t
+        p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
+        gamma = gl.exp2((r_i - r_ref) * q2)
+        l_i = l_i * gamma + gl.sum(p, 1)
+        p8 = gl.convert_layout(p.to(gl.float8e4nv), pa_layout)  # p <= 448: no clamp
+        return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
+
+    @gluon.jit
+    def _consumer_tiles(t_a, t_b, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
+                        MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """Key tiles t_a <= t < t_b into one warpgroup's running (acc, l, m, r), each tile's S waited
+        for, then its P·V."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        for t in range(t_a, t_b):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            x = warpgroup_mma(q_op, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
+            p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
+                                                   LOG2_PMAX, s_layout, pa_layout)
+            acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(empty.index(slot), count=1)
+        return acc, l_i, m_i, r_i
+
+    @gluon.jit
+    def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
+                               MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                               LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
+        P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
+        both products of a warpgroup at once while the other warpgroup works on its scores."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(ready.index(0), 0)
+        x = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
+        for t in range(0, t_hi - 1):
+            p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
+                                                   LOG2_PMAX, s_layout, pa_layout)
+            acc = warpgroup_mma(p8, vt_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
+            nxt = (t + 1) % STAGES
+            mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
+            x = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc, x = warpgroup_mma_wait(num_outstanding=0, deps=(acc, x))
+            mbarrier.arrive(empty.index(t % STAGES), count=1)
+        last = t_hi - 1
+        p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
+                                               LOG2_PMAX, s_layout, pa_layout)
+        acc = warpgroup_mma(p8, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(last % STAGES), count=1)
+        return acc, l_i, m_i, r_i
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K, m0,
+                  t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr, MERGED: gl.constexpr,
+                  STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
+        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 32])
+        qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+        pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        q0 = m0 + WG * HALF_Q
+        queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
+        # forward.py's row factor: Q's scale · qk_scale, then K's one scale of the (sequence, head).
+        q2 = (gl.load(QS + bh_q * SQ + queries) * qk_scale) * gl.load(KS + bh_k * SK)
+        slack_x = slack / q2
+        mbarrier.wait(q_bar, 0)
+        if Q_REGS:
+            q_op = q_smem.index(WG).load(qa_layout)
+        else:  # the MMA reads Q where TMA put it (never overwritten)
+            q_op = q_smem.index(WG)
+        acc = gl.zeros([HALF_Q, D], gl.float32, o_layout)
+        l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
+        m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
+        r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
+        if MERGED:
+            acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                        queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES, LOG2_PMAX,
+                                                        s_layout, pa_layout)
+        elif CAUSAL:  # tiles before the program's diagonal tile (the last one), then the diagonal, masked
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
+                                                 pa_layout)
+            acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                 empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
+                                                 s_layout, pa_layout)
+        else:
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
+                                                 pa_layout)
+        chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        acc = acc * gl.expand_dims(gl.load(VS + bh_k * NT_K * D + chan), 0)  # the sequence's channel scales, once
+        empty_row = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
+        l_o = gl.convert_layout(gl.where(empty_row, 1.0, l_i), gl.SliceLayout(1, o_layout))
+        out = acc / gl.expand_dims(l_o, 1)
+        lse = gl.where(empty_row, float("-inf"),
+                       (r_i * q2 + gl.log2(gl.where(empty_row, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
+        rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
+        gl.store(OUT + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), out.to(OUT.dtype.element_ty))
+        gl.store(LSE + bh_q * SQ + queries, lse)
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, vt_desc, q_smem, k_smem, vt_smem, q_bar, ready, empty, row_q0, row_k0, row_t0, t_hi,
+                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The producer warp: the program's Q codes (two halves) once, then per key tile t its K codes
+        and Vᵀ codes by TMA into ring slot t % STAGES."""
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+        for t in range(0, t_hi):
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
+            bar = ready.index(slot)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + vt_desc.block_type.nbytes)
+            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
+            tma_load(vt_desc, [row_t0, t * BLOCK_N], bar, vt_smem.index(slot))
+
+    @gluon.jit
+    def _fwd_kernel(
+        q_desc,  # Q's codes: (B·Hq·Sq, D), boxes (HALF_Q, D)
+        k_desc,  # K's codes: (B·Hkv·Sk, D), boxes (BLOCK_N, D)
+        vt_desc,  # V's channel-wise transposed codes: (B·Hkv·D, Sk_pad), boxes (D, BLOCK_N)
+        QS, KS,  # (B, H, S) fp32 row scales, one value per head
+        VS,  # (B, Hkv, NT_K, D) fp32 channel scales, the sequence's in tile 0
+        OUT,  # (B, Hq, Sq, D) in the input dtype, contiguous
+        LSE,  # (B, Hq, Sq) fp32
+        H, G, SQ, SK, NT_K, qk_scale, slack,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr,
+        MERGED: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+    ):
+        n_blk = gl.num_programs(0)
+        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)  # heaviest first
+        bh_q = gl.program_id(1)
+        bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
+        m0 = pid * 2 * HALF_Q
+        t_hi = (m0 + 2 * HALF_Q) // BLOCK_N if CAUSAL else SK // BLOCK_N
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        vt_smem = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
+        q_bar, ready, empty = ring_barriers(STAGES, 1)
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
+                         m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES, LOG2_PMAX)),
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
+                         m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES, LOG2_PMAX)),
+            (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, vt_smem, q_bar, ready, empty, bh_q * SQ + m0,
+                         bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "scope_reason",
+           "unsupported_reason"]

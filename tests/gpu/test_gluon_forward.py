@@ -1,0 +1,147 @@
+"""The fast recipes' Gluon forward (kernels/forward_gluon.py) on a Hopper GPU.
+
+Each test first checks, by a spy on its entry point, that the Gluon kernel ran where the case is in
+its scope, so none can pass on the Triton kernel alone.
+
+- Against the Triton kernel (``forward.GLUON_FORWARD`` set to ``()``), on the same inputs: both
+  multiply the same FP8 codes in the same MMA shapes, with the same fp32 operations per score in
+  the same order, so the P codes, the running maxima and the accumulators are the same; only the
+  order of each tile's row sum of p may differ, a relative change of l (and so of O) below
+  2^-24 · log2(128) ≈ 4e-7. So fp32 outputs are within ``F32_REL`` = 1e-6 of the Triton kernel's
+  element by element, bf16 outputs within one bf16 step (2^-7 relative: the shared value may sit on
+  a rounding boundary), and LSE within ``LSE_ABS`` = 1e-5 (|LSE| up to ~20 here, 1e-6 relative).
+- Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
+  Hopper's FP8 accumulation).
+- NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+from helpers import make_qkv, rel_err  # noqa: E402
+from test_forward_kernel import LSE_ABS as EMULATION_LSE_ABS, O_REL  # noqa: E402
+
+from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+from hf_fp8_attention.kernels import forward, forward_gluon  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from hf_fp8_attention.reference import emulated_forward  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+F32_REL, BF16_STEP, LSE_ABS = 1e-6, 2.0**-7, 1e-5  # see the module docstring
+
+# name: ((B, Hq, Hkv, Sq, Sk, D), causal)
+SHAPES = {
+    "causal_gqa": ((1, 4, 2, 512, 512, 128), True),
+    "dense_sq_lt_sk": ((2, 2, 2, 256, 512, 128), False),
+    "causal_g3": ((1, 6, 2, 384, 384, 128), True),
+    "dense_mqa": ((2, 4, 1, 256, 256, 128), False),
+    "causal_long": ((1, 2, 1, 2048, 2048, 128), True),
+    "out_of_scope_length": ((1, 2, 2, 200, 200, 128), True),  # the Triton kernel runs
+}
+RECIPES = {
+    "fp8_delta_fast": FP8AttentionConfig.from_recipe("fp8_delta_fast"),
+    "fp8_stale_fast": FP8AttentionConfig.from_recipe("fp8_stale_fast"),
+    "fp8_delta_fast+pow2": FP8AttentionConfig.from_recipe("fp8_delta_fast", pow2_scales=True),
+}
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """The Gluon forward enabled; returns a one-entry list counting its launches."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    reason = forward_gluon.unsupported_reason(torch.empty(1, 1, 128, 128, device="cuda"),
+                                              torch.empty(1, 1, 128, 128, device="cuda"), MaskSpec(causal=True),
+                                              RECIPES["fp8_delta_fast"], {})
+    if reason is not None:
+        pytest.skip(f"the Gluon forward does not run here: {reason}")
+    monkeypatch.setattr(forward, "GLUON_FORWARD", forward_gluon.HEAD_DIMS)
+    calls = [0]
+    run = forward_gluon.gluon_forward
+
+    def spy(*args, **kwargs):
+        calls[0] += 1
+        return run(*args, **kwargs)
+    monkeypatch.setattr(forward_gluon, "gluon_forward", spy)
+    return calls
+
+
+def _problem(shape: str, config: FP8AttentionConfig, dtype: torch.dtype, seed: int = 3):
+    """((q, k, v) on the GPU in ``dtype``, mask, softmax scale, whether the case is in the kernel's scope)."""
+    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape]
+    mask = MaskSpec(causal=causal)
+    inside = forward_gluon.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, config, {}) is None
+    q, k, v, _ = make_qkv(b, hq, hkv, sq, sk, d, dtype=torch.float32, seed=seed)
+    return tuple(t.to("cuda", dtype) for t in (q, k, v)), mask, d**-0.5, inside
+
+
+def _forward(qkv, mask, scale, config):
+    return forward.triton_forward(*qkv, scale=scale, mask=mask, config=config)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gluon_forward_matches_the_triton_kernel(shape, recipe, dtype, gluon_calls, monkeypatch):
+    config = RECIPES[recipe]
+    qkv, mask, scale, inside = _problem(shape, config, dtype)
+    out, lse = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == int(inside)
+    monkeypatch.setattr(forward, "GLUON_FORWARD", ())
+    want, want_lse = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == int(inside), "the Triton kernel ran"
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    step = F32_REL if dtype == torch.float32 else BF16_STEP
+    diff = (out.float() - want.float()).abs()
+    assert (diff <= step * want.float().abs()).all(), diff.max().item()
+    assert (lse - want_lse).abs().max().item() <= LSE_ABS
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("recipe", list(RECIPES)[::2])
+@pytest.mark.parametrize("shape", list(SHAPES)[:3])
+def test_gluon_forward_matches_emulation(shape, recipe, dtype, gluon_calls):
+    config = RECIPES[recipe]
+    qkv, mask, scale, inside = _problem(shape, config, dtype, seed=5)
+    out, lse = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == 1 and inside
+    ref, ref_lse = emulated_forward(*(t.float().cpu() for t in qkv), scale=scale, mask=mask, config=config)
+    assert rel_err(out.float().cpu(), ref) <= O_REL, rel_err(out.float().cpu(), ref)
+    assert (lse.cpu() - ref_lse).abs().max().item() <= EMULATION_LSE_ABS
+
+
+@pytest.mark.parametrize("shape", list(SHAPES)[:2])
+def test_gluon_forward_layouts_are_identical(shape, gluon_calls, monkeypatch):
+    """Q read by the S MMA from registers or from shared memory, one wait or two per key tile, a
+    ring of 2 or 3 slots: the same products in the same order, bit for bit."""
+    config = RECIPES["fp8_delta_fast"]
+    qkv, mask, scale, _ = _problem(shape, config, torch.bfloat16, seed=7)
+    default = _forward(qkv, mask, scale, config)
+    for layout in list(forward_gluon.LAYOUTS)[1:]:
+        for name, value in zip(forward_gluon.LAYOUT_CONSTANTS, forward_gluon.LAYOUTS[layout]):
+            monkeypatch.setattr(forward_gluon, name, value)
+        got = _forward(qkv, mask, scale, config)
+        assert all(torch.equal(g, d) for g, d in zip(got, default)), layout
+    assert gluon_calls[0] == len(forward_gluon.LAYOUTS)
+
+
+def test_gluon_forward_propagates_nan_as_the_triton_kernel(gluon_calls, monkeypatch):
+    config = RECIPES["fp8_delta_fast"]
+    qkv, mask, scale, _ = _problem("causal_gqa", config, torch.bfloat16, seed=9)
+    qkv[0][0, 1, 300, 7] = float("nan")  # one element of Q: its head's scale, so that whole head
+    qkv[2][0, 0, 100, 3] = float("nan")  # one element of V: its kv head's channel scales
+    out, lse = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == 1
+    monkeypatch.setattr(forward, "GLUON_FORWARD", ())
+    want, want_lse = _forward(qkv, mask, scale, config)
+    assert torch.isnan(want).any(), "the Triton kernel shows the NaN"
+    assert torch.equal(torch.isnan(out), torch.isnan(want))
+    assert torch.equal(torch.isnan(lse), torch.isnan(want_lse))
