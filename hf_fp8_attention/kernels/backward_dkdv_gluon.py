@@ -13,9 +13,11 @@ FlashAttention-3's backward:
   dOᵀ channel-wise for dK and dV) by TMA into a ``STAGES``-deep ring, with its LSE' and D' values;
 - two consumer warpgroups own 64 keys each (128 per program) and share every 64-query tile; the
   MMAs read K's and V's codes (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ) from shared memory,
-  which leaves the registers for 64-query tiles. ``LAYOUTS`` names the alternatives the kernel is
-  built and tested in: K and V in registers with 32-query tiles (half the shared-memory reads per
-  product; the first default, 7% slower on the H200), or in shared memory with 32-query tiles.
+  which leaves the registers for 64-query tiles. Each warpgroup issues a tile's dV and dK products
+  with the next tile's Sᵀ and dP'ᵀ and waits for the four at once. ``LAYOUTS`` names the
+  alternatives the kernel is built and tested in: each product waited for in turn; K and V in
+  registers with 32-query tiles (half the shared-memory reads per product; the first default, 7%
+  slower on the H200); in shared memory with 32-query tiles.
 
 One program per (128 keys, batch · kv head) loops over the G query heads of its kv head (GQA) and
 their visible query tiles, causal programs with the most tiles first. Per query head the
@@ -55,8 +57,15 @@ BLOCK_K = 2 * HALF_K
 KV_IN_REGISTERS = False
 # The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
 # first is the default above.
-LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q")
-LAYOUTS = {"kv_shared_q64": (False, 64), "kv_registers_q32": (True, 32), "kv_shared_q32": (False, 32)}
+# One wait per query tile for its dV and dK products and the next tile's Sᵀ and dP'ᵀ together (True),
+# or Sᵀ, dP'ᵀ and the products waited for in turn (False): the Gluon forward's form (forward_gluon.py).
+# On the H200 (G = 1): 1328 -> 1303 us at 8k causal, B = 2, H = 16, the backward 3% faster at 16k
+# causal and 8k non-causal, unchanged at 8k causal (benchmarks/NOTES.md, "Backward"). Offline the
+# loops spill nothing; Sᵀ and dP'ᵀ held across a head boundary spill there (GQA), once per head.
+MERGED_WAITS = True
+LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS")
+LAYOUTS = {"kv_shared_q64_merged": (False, 64, True), "kv_shared_q64": (False, 64, False),
+           "kv_registers_q32": (True, 32, False), "kv_shared_q32": (False, 32, False)}
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
@@ -102,7 +111,8 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
     _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
-        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS, STAGES=STAGES,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS, MERGED=MERGED_WAITS,
+        STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -156,6 +166,26 @@ if gluon is not None:
                 mbarrier.arrive(bar, count=1)  # the slot's second arrival (expect is the first)
 
     @gluon.jit
+    def _pt_tile(st, t, lse_slot, keys, s_mul, MASKED: gl.constexpr, BLOCK_Q: gl.constexpr, s_layout: gl.constexpr):
+        """448 · Pᵀ of query tile t from its Sᵀ (keys x queries) and the slot's LSE': the Triton
+        launch's one-exponential form (``_dkdv_tiles`` with P_FIXED), the same fp32 operations."""
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        lse2 = lse_slot.load(cols) - 8.807354922057604  # log2 448: Pᵀ comes out as 448·Pᵀ
+        pt = gl.exp2(st * s_mul - gl.expand_dims(lse2, 0))
+        if MASKED:
+            pos_q = t * BLOCK_Q + gl.arange(0, BLOCK_Q, layout=cols)
+            vis = gl.expand_dims(pos_q, 0) >= gl.expand_dims(keys, 1)
+            pt = gl.where(vis, pt, 0.0)
+        return pt
+
+    @gluon.jit
+    def _dst_codes(pt, dpt, dl_slot, ds_mul, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+        """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') · ds_mul, in the A-operand layout of the dK product."""
+        delta = dl_slot.load(gl.SliceLayout(0, s_layout))
+        dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
+        return gl.convert_layout(dst.to(gl.float8e4nv), pa_layout)
+
+    @gluon.jit
     def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
                         ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr, BLOCK_Q: gl.constexpr,
                         STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
@@ -163,7 +193,6 @@ if gluon is not None:
         warpgroup's dK and dV: the Triton launch's one-exponential form (``_dkdv_tiles`` with
         COMPUTE_DK, COMPUTE_DV and P_FIXED), the same fp32 operations per element."""
         zero_s = gl.zeros([keys.shape[0], BLOCK_Q], gl.float32, s_layout)
-        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         for t in range(t_a, t_b):
             i = i0 + t - t_a
             slot = i % STAGES
@@ -171,29 +200,50 @@ if gluon is not None:
             st = warpgroup_mma(k_reg, q_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_reg, do_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-            lse2 = lse_smem.index(slot).load(cols) - 8.807354922057604  # log2 448: Pᵀ comes out as 448·Pᵀ
-            pt = gl.exp2(st * s_mul - gl.expand_dims(lse2, 0))  # 448 · Pᵀ
-            if MASKED:
-                pos_q = t * BLOCK_Q + gl.arange(0, BLOCK_Q, layout=cols)
-                vis = gl.expand_dims(pos_q, 0) >= gl.expand_dims(keys, 1)
-                pt = gl.where(vis, pt, 0.0)
+            pt = _pt_tile(st, t, lse_smem.index(slot), keys, s_mul, MASKED, BLOCK_Q, s_layout)
             p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)  # cvt.rn.satfinite, as cast_saturating
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            delta = dl_smem.index(slot).load(cols)
-            dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
-            ds8 = gl.convert_layout(dst.to(gl.float8e4nv), pa_layout)
+            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), ds_mul, s_layout, pa_layout)
             dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             mbarrier.arrive(empty.index(slot), count=1)
         return dk, dv
 
     @gluon.jit
+    def _consumer_tiles_merged(t_a, t_b, i0, i_last, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
+                               lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr,
+                               BLOCK_Q: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                               pa_layout: gl.constexpr):
+        """:func:`_consumer_tiles` with one wait per tile: ``st``, ``dpt`` are tile t_a's Sᵀ and dP'ᵀ,
+        complete; tile t's dV and dK products and the next ring tile's Sᵀ and dP'ᵀ (ring index i + 1,
+        whichever head it belongs to; the last tile, ``i_last``, repeats its own, which it discards:
+        no branch around the MMAs) are issued together and waited for together. Returns (dk, dv, st,
+        dpt) with the next tile's products complete."""
+        zero_s = gl.zeros([keys.shape[0], BLOCK_Q], gl.float32, s_layout)
+        for t in range(t_a, t_b):
+            i = i0 + t - t_a
+            slot = i % STAGES
+            pt = _pt_tile(st, t, lse_smem.index(slot), keys, s_mul, MASKED, BLOCK_Q, s_layout)
+            p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)
+            dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
+            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), ds_mul, s_layout, pa_layout)
+            dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
+            j = gl.minimum(i + 1, i_last)
+            mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)  # done already where j == i
+            st = warpgroup_mma(k_reg, q_smem.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_reg, do_smem.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                is_async=True)
+            dv, dk, st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, st, dpt))
+            mbarrier.arrive(empty.index(slot), count=1)
+        return dk, dv, st, dpt
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                   QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
                   t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
                   D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, KV_REGS: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  MERGED: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
         their dK and dV."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -214,6 +264,12 @@ if gluon is not None:
         dk = gl.zeros([HALF_K, D], gl.float32, o_layout)
         dv = gl.zeros([HALF_K, D], gl.float32, o_layout)
         n_t = t_hi - t_lo
+        if MERGED:  # the first ring tile's products, for the merged loops
+            zero_s = gl.zeros([HALF_K, BLOCK_Q], gl.float32, s_layout)
+            mbarrier.wait(ready.index(0), 0)
+            st = warpgroup_mma(k_reg, q_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_reg, do_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
         for g in range(G):
             bh_q = bh_q0 + g
             # The Triton launch's per-head factors (bwd_dkdv_fp8_kernel, QDO_HEAD and DS_HEAD), in its order.
@@ -231,13 +287,24 @@ if gluon is not None:
                               _channel_factor(DOCS, DS_BOUND, bh_q, head, NT_Q, True, False, D, POW2, vec))
             dv = dv * gl.expand_dims(ratio, 0)
             i0 = g * n_t
-            if CAUSAL:  # the program's diagonal tiles, masked; then every later query tile sees every key
+            if MERGED:
+                if CAUSAL:  # as below
+                    dk, dv, st, dpt = _consumer_tiles_merged(
+                        t_lo, t_m, i0, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
+                        lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, True, BLOCK_Q, STAGES, s_layout,
+                        pa_layout)
+                dk, dv, st, dpt = _consumer_tiles_merged(
+                    t_m, t_hi, i0 + t_m - t_lo, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem,
+                    dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False, BLOCK_Q, STAGES, s_layout,
+                    pa_layout)
+            elif CAUSAL:  # the program's diagonal tiles, masked; then every later query tile sees every key
                 dk, dv = _consumer_tiles(t_lo, t_m, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
                                          lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, True, BLOCK_Q, STAGES,
                                          s_layout, pa_layout)
-            dk, dv = _consumer_tiles(t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem,
-                                     dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False, BLOCK_Q,
-                                     STAGES, s_layout, pa_layout)
+            if not MERGED:
+                dk, dv = _consumer_tiles(t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem,
+                                         dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False,
+                                         BLOCK_Q, STAGES, s_layout, pa_layout)
         last = seq * H + h0 + G - 1
         dk = (dk * gl.expand_dims(_channel_factor(QCS, DS_BOUND, bh_q0 + G - 1, last, NT_Q, True, True, D, POW2, vec),
                                   0)) * tau
@@ -260,7 +327,8 @@ if gluon is not None:
         DK, DV,  # (B, Hkv, Sk, D) in the input dtype
         H, G, SQ, SK, NT_Q, qk_scale, tau,
         BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        KV_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
     ):
         BLOCK_K: gl.constexpr = 2 * HALF_K
         n_blk = gl.num_programs(0)
@@ -297,15 +365,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                          QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, STAGES)),
+                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, MERGED, STAGES)),
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
                          QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, STAGES)),
+                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, MERGED, STAGES)),
             (_producer, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem,
                          k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ,
                          row_k0, n0, t_lo, t_hi, BLOCK_Q, HALF_K, D, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "gluon_dkdv",
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "gluon_dkdv",
            "scope_reason", "unsupported_reason"]
