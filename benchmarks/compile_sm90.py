@@ -150,6 +150,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["Q_REGS"] = mod.Q_IN_REGISTERS
     if "MERGED" in kernel.arg_names:
         consts["MERGED"] = mod.MERGED_WAITS
+    if "S_AHEAD" in kernel.arg_names:
+        consts["S_AHEAD"] = mod.S_AHEAD
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})

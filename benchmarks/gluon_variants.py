@@ -31,7 +31,9 @@ from bench_attention import _sdpa_fn, _time, environment, flops  # noqa: E402
 from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
-from hf_fp8_attention.kernels import backward, backward_dkdv_gluon, backward_dq_gluon, forward, forward_gluon  # noqa: E402,E501
+from hf_fp8_attention.kernels import (  # noqa: E402
+    backward, backward_dkdv_gluon, backward_dq_gluon, forward, forward_gluon,
+)
 from recipe_names import recipe_config  # noqa: E402
 
 # name: ({LAUNCH key: head dims}, {(module, constant): value}), set before the variant's calls (the

@@ -375,5 +375,5 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "gluon_dkdv",
-           "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS",
+           "gluon_dkdv", "scope_reason", "unsupported_reason"]

@@ -548,8 +548,8 @@ def triton_forward(
     if max(rows, 0) == 0:
         return out, lse
     if block_m is None and _gluon_forward_runs(q, k, mask, config, mods.meta()):
-        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, groups=hq // hkv,
-                                    qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
+        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
+                                    groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
         return out, lse
 
     def launch(cfg: tuple[int, int, int]) -> None:
