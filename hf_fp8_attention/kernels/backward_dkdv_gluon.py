@@ -28,8 +28,8 @@ Scope (:func:`scope_reason`): the fast recipes in E4M3, head dims 64 and 128 (en
 ``backward.LAUNCH["gluon_dkdv"]`` at 128 only: at 64 the Triton launch's 64 x 64 tiles were 1-4%
 faster),
 dense batches (no packed sequences, no window), key lengths a multiple of 128 and query lengths of
-``BLOCK_Q`` (64), causal only with as many queries as keys, no soft-cap or K-smoothing row constant (attention
-sinks are in LSE' already). Elsewhere the Triton launch runs. On the H200 it made the fast
+``BLOCK_Q`` (64), causal only with as many queries as keys, no soft-cap or K-smoothing row
+constant (attention sinks are in LSE' already). Elsewhere the Triton launch runs. On the H200 it made the fast
 backward 6-13% faster at d = 128 (its first version, without GQA: 1.84 -> 1.38 ms at B = 2, H = 16,
 S = 8192, causal; benchmarks/NOTES.md, "Backward").
 """
@@ -55,14 +55,14 @@ BLOCK_K = 2 * HALF_K
 # ptxas serialise every wgmma. On the H200 the kernel took 1342 instead of 1445 us with them at 8k
 # causal, B = 2, H = 16 (benchmarks/NOTES.md, "Backward").
 KV_IN_REGISTERS = False
-# The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
-# first is the default above.
 # One wait per query tile for its dV and dK products and the next tile's Sᵀ and dP'ᵀ together (True),
 # or Sᵀ, dP'ᵀ and the products waited for in turn (False): the Gluon forward's form (forward_gluon.py).
 # On the H200 (G = 1): 1328 -> 1303 us at 8k causal, B = 2, H = 16, the backward 3% faster at 16k
 # causal and 8k non-causal, unchanged at 8k causal (benchmarks/NOTES.md, "Backward"). Offline the
 # loops spill nothing; Sᵀ and dP'ᵀ held across a head boundary spill there (GQA), once per head.
 MERGED_WAITS = True
+# The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
+# the first is the default above.
 LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS")
 LAYOUTS = {"kv_shared_q64_merged": (False, 64, True), "kv_shared_q64": (False, 64, False),
            "kv_registers_q32": (True, 32, False), "kv_shared_q32": (False, 32, False)}
@@ -112,8 +112,7 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
         BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS, MERGED=MERGED_WAITS,
-        STAGES=STAGES,
-        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:

@@ -46,8 +46,6 @@ BLOCK_M = 2 * HALF_Q
 # Q's codes as the register A operand of S (True), or read by that MMA from shared memory, where
 # TMA put them (False: 16 registers per thread fewer).
 Q_IN_REGISTERS = False
-# The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
-# first is the default above.
 # One wait per key tile for its P·V and the next tile's S together (True), or S waited for, then
 # P·V (False). On the H200 (fast recipe, B·S = 16k, H = 16): the kernel 760 -> 725 us at 8k causal
 # (716 with 3 ring slots), the forward 2-7% faster than with two waits (benchmarks/NOTES.md, "Forward").
@@ -56,6 +54,8 @@ MERGED_WAITS = True
 # them within the warpgroup too (True; offline 590 instead of 550 instructions per tile, no spills,
 # one wait; not yet measured on a GPU), or after them with tile t's P·V (False).
 S_AHEAD = False
+# The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
+# the first is the default above.
 LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "S_AHEAD")
 LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (False, True, 2, False),
            "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
@@ -155,7 +155,8 @@ if gluon is not None:
                                pa_layout: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
-        both products of a warpgroup at once while the other warpgroup works on its scores."""
+        both products of a warpgroup at once while the other warpgroup works on its scores
+        (S_AHEAD: tile t+1's S issued before tile t's scores are worked on, under them)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(ready.index(0), 0)
         x = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
