@@ -16,8 +16,8 @@ shape).
 Why: the Triton launch runs the two products and the per-score work of a tile one after the other
 in each warp (0.74 PFLOP/s at 8k causal; the products alone take ~2/3 of its time, the per-score
 work alone about as much: benchmarks/NOTES.md, "What limits the kernels"). Here a producer warp
-brings each key tile's K codes and Vᵀ codes by TMA into a ``STAGES``-deep ring, and two consumer
-warpgroups own 64 queries each (128 per program). Each issues tile t's P·V and tile t+1's S
+(``gluon_hopper.query_side_producer``) brings each key tile's K codes and Vᵀ codes by TMA into a
+``STAGES``-deep ring, and two consumer warpgroups own 64 queries each (128 per program). Each issues tile t's P·V and tile t+1's S
 together and waits for both at once (``MERGED_WAITS``), so the tensor cores get both products of
 one warpgroup while the other works on its scores.
 
@@ -38,7 +38,9 @@ from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
 
 if gluon is not None:
-    from .gluon_hopper import gl, mbarrier, ring_barriers, tma_load, warpgroup_mma, warpgroup_mma_wait
+    from .gluon_hopper import (
+        gl, mbarrier, query_block, query_side_producer, ring_barriers, warpgroup_mma, warpgroup_mma_wait,
+    )
 
 HEAD_DIMS = (128, )
 HALF_Q, BLOCK_N, STAGES = 64, 128, 3  # queries per consumer warpgroup; keys per tile; ring depth
@@ -239,22 +241,6 @@ if gluon is not None:
         gl.store(LSE + bh_q * SQ + queries, lse)
 
     @gluon.jit
-    def _producer(q_desc, k_desc, vt_desc, q_smem, k_smem, vt_smem, q_bar, ready, empty, row_q0, row_k0, row_t0, t_hi,
-                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The producer warp: the program's Q codes (two halves) once, then per key tile t its K codes
-        and Vᵀ codes by TMA into ring slot t % STAGES."""
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        for w in gl.static_range(2):
-            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
-        for t in range(0, t_hi):
-            slot = t % STAGES
-            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
-            bar = ready.index(slot)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + vt_desc.block_type.nbytes)
-            tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
-            tma_load(vt_desc, [row_t0, t * BLOCK_N], bar, vt_smem.index(slot))
-
-    @gluon.jit
     def _fwd_kernel(
         q_desc,  # Q's codes: (B·Hq·Sq, D), boxes (HALF_Q, D)
         k_desc,  # K's codes: (B·Hkv·Sk, D), boxes (BLOCK_N, D)
@@ -269,12 +255,7 @@ if gluon is not None:
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
-        n_blk = gl.num_programs(0)
-        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)  # heaviest first
-        bh_q = gl.program_id(1)
-        bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
-        m0 = pid * 2 * HALF_Q
-        t_hi = (m0 + 2 * HALF_Q) // BLOCK_N if CAUSAL else SK // BLOCK_N
+        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -288,8 +269,8 @@ if gluon is not None:
             (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
                          m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, S_AHEAD, STAGES,
                          LOG2_PMAX)),
-            (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, vt_smem, q_bar, ready, empty, bh_q * SQ + m0,
-                         bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
+            (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
+                                   ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

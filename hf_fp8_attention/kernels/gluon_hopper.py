@@ -1,7 +1,7 @@
 """What the warp-specialised Gluon kernels for Hopper share (forward_gluon.py, backward_stats_gluon.py,
 backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
-ring barriers, and the query-side programs' (dQ, statistics) grid mapping and producer warp.
+ring barriers, and the query-side programs' (forward, dQ, statistics) grid mapping and producer warp.
 
 The kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
 per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
@@ -147,22 +147,25 @@ if gluon is not None:
     def query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar,
                             ready, empty, row_q0, row_k0, row_t0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr):
-        """The producer warp of a program over 2·HALF_Q queries (the dQ and statistics kernels): its Q
-        and dO tiles (two halves each) once, then per key tile t its K and V codes, and K's transposed
-        channel-wise codes unless ``kt_desc`` is None, by TMA into ring slot t % STAGES."""
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        """The producer warp of a program over 2·HALF_Q queries (the forward, dQ and statistics
+        kernels): its Q tiles, and dO's unless ``do_desc`` is None (two halves each), once; then per key
+        tile t its K codes, V's unless ``v_desc`` is None, and the transposed channel-wise codes of
+        ``kt_desc`` (Kᵀ, or Vᵀ in the forward) unless it is None, by TMA into ring slot t % STAGES."""
+        q_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + (0 if do_desc is None else 2 * do_desc.block_type.nbytes)
+        mbarrier.expect(q_bar, q_bytes)
         for w in gl.static_range(2):
             tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
-            tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+            if do_desc is not None:
+                tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+        tile_bytes: gl.constexpr = (k_desc.block_type.nbytes + (0 if v_desc is None else v_desc.block_type.nbytes)
+                                    + (0 if kt_desc is None else kt_desc.block_type.nbytes))
         for t in range(0, t_hi):
             slot = t % STAGES
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
             bar = ready.index(slot)
-            if kt_desc is None:
-                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            else:
-                mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes + kt_desc.block_type.nbytes)
+            mbarrier.expect(bar, tile_bytes)
             tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
-            tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
+            if v_desc is not None:
+                tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
             if kt_desc is not None:
                 tma_load(kt_desc, [row_t0, t * BLOCK_N], bar, kt_smem.index(slot))
