@@ -61,11 +61,16 @@ KV_IN_REGISTERS = False
 # causal and 8k non-causal, unchanged at 8k causal (benchmarks/NOTES.md, "Backward"). Offline the
 # loops spill nothing; Sᵀ and dP'ᵀ held across a head boundary spill there (GQA), once per head.
 MERGED_WAITS = True
+# With GQA (groups > 1) the merged form only if MERGED_GQA: there Sᵀ and dP'ᵀ held across each head
+# boundary spill, and on the H200 the backward at 8k causal, 16 query / 8 kv heads took 3.46-3.53 ms
+# merged against 3.34-3.35 ms waiting in turn (benchmarks/NOTES.md, "Backward").
+MERGED_GQA = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
-LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS")
-LAYOUTS = {"kv_shared_q64_merged": (False, 64, True), "kv_shared_q64": (False, 64, False),
-           "kv_registers_q32": (True, 32, False), "kv_shared_q32": (False, 32, False)}
+LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS", "MERGED_GQA")
+LAYOUTS = {"kv_shared_q64_merged": (False, 64, True, False), "kv_shared_q64_merged_gqa": (False, 64, True, True),
+           "kv_shared_q64": (False, 64, False, False), "kv_registers_q32": (True, 32, False, False),
+           "kv_shared_q32": (False, 32, False, False)}
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
@@ -111,7 +116,8 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
     _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
-        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS, MERGED=MERGED_WAITS,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS,
+        MERGED=MERGED_WAITS and (groups == 1 or MERGED_GQA),
         STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -374,5 +380,5 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS",
-           "gluon_dkdv", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_GQA",
+           "MERGED_WAITS", "gluon_dkdv", "scope_reason", "unsupported_reason"]
