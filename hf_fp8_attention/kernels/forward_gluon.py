@@ -52,16 +52,11 @@ Q_IN_REGISTERS = False
 # P·V (False). On the H200 (fast recipe, B·S = 16k, H = 16): the kernel 760 -> 725 us at 8k causal
 # (716 with 3 ring slots), the forward 2-7% faster than with two waits (benchmarks/NOTES.md, "Forward").
 MERGED_WAITS = True
-# With MERGED_WAITS: tile t+1's S issued before tile t's scores are worked on, so that it runs under
-# them within the warpgroup too (True; offline 590 instead of 550 instructions per tile, no spills,
-# one wait; not yet measured on a GPU), or after them with tile t's P·V (False).
-S_AHEAD = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
-LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "S_AHEAD")
-LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (False, True, 2, False),
-           "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
-           "q_shared_s_ahead_s3": (False, True, 3, True)}
+LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES")
+LAYOUTS = {"q_shared_merged_s3": (False, True, 3), "q_shared_merged": (False, True, 2),
+           "q_shared": (False, False, 2), "q_registers": (True, False, 2)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 LOG2_PMAX = math.log2(448.0)
 
@@ -104,7 +99,7 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
              descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
         *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, S_AHEAD=S_AHEAD,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS,
         STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
         maxnreg=MAXNREG)
 
@@ -152,31 +147,23 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
-                               MASK_LAST: gl.constexpr, S_AHEAD: gl.constexpr, BLOCK_N: gl.constexpr,
+                               MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                                pa_layout: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
-        both products of a warpgroup at once while the other warpgroup works on its scores
-        (S_AHEAD: tile t+1's S issued before tile t's scores are worked on, under them)."""
+        both products of a warpgroup at once while the other warpgroup works on its scores."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(ready.index(0), 0)
         x = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
-            if S_AHEAD:  # tile t+1's S runs under tile t's scores
-                nxt = (t + 1) % STAGES
-                mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
-                x_next = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False,
-                                       is_async=True)
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
                                                    LOG2_PMAX, s_layout, pa_layout)
             acc = warpgroup_mma(p8, vt_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
-            if not S_AHEAD:
-                nxt = (t + 1) % STAGES
-                mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
-                x_next = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False,
-                                       is_async=True)
+            nxt = (t + 1) % STAGES
+            mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
+            x_next = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             acc, x = warpgroup_mma_wait(num_outstanding=0, deps=(acc, x_next))
             mbarrier.arrive(empty.index(t % STAGES), count=1)
         last = t_hi - 1
@@ -191,7 +178,7 @@ if gluon is not None:
     def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K, m0,
                   t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr, MERGED: gl.constexpr,
-                  S_AHEAD: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
+                  STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32])
@@ -216,7 +203,7 @@ if gluon is not None:
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         if MERGED:
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                        queries, q2, slack_x, CAUSAL, S_AHEAD, BLOCK_N, STAGES,
+                                                        queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
                                                         LOG2_PMAX, s_layout, pa_layout)
         elif CAUSAL:  # tiles before the program's diagonal tile (the last one), then the diagonal, masked
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
@@ -251,7 +238,7 @@ if gluon is not None:
         LSE,  # (B, Hq, Sq) fp32
         H, G, SQ, SK, NT_K, qk_scale, slack,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr,
-        MERGED: gl.constexpr, S_AHEAD: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+        MERGED: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -264,10 +251,10 @@ if gluon is not None:
 
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
-                         m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, S_AHEAD, STAGES,
+                         m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES,
                          LOG2_PMAX)),
             (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
-                         m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, S_AHEAD, STAGES,
+                         m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES,
                          LOG2_PMAX)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
@@ -275,4 +262,4 @@ if gluon is not None:
 
 
 __all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "Q_IN_REGISTERS",
-           "S_AHEAD", "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
+           "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
