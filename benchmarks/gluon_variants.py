@@ -2,7 +2,8 @@
 
 Each variant sets entries of ``backward.LAUNCH`` (which Gluon backward kernels run at which head
 dims), ``forward.GLUON_FORWARD`` (``triton_fwd``: the Triton forward kernel) or the operand layout
-of the Gluon forward, dK/dV or dQ kernel (their ``LAYOUTS``) before its calls; the variants are
+or schedule of a Gluon kernel (their ``LAYOUTS``: ``fwd_*``, ``dkdv_*``, ``dq_*``, ``stats_*``)
+before its calls; the variants are
 alternated over ``--rounds`` so that drift between them shows.
 Per shape and variant: median ms of the forward, the backward alone and fwd+bwd
 (triton.testing.do_bench, ``bench_attention._time``), the ratio to SDPA's cuDNN backend in the
@@ -14,7 +15,8 @@ may differ).
     python benchmarks/gluon_variants.py --recipe fp8_delta_fast --out-dir $OUT
     python benchmarks/gluon_variants.py --variants package,dkdv_kv_shared_q64 --shapes 8192:128:1,16384:128:0
 
-Shapes: ``S:D:causal``, 16 heads, 16k tokens per batch (B = 16384 // S), bf16.
+Shapes: ``S:D:causal``, 16 query heads, 16k tokens per batch (B = 16384 // S), bf16; ``--kv-heads``
+fewer than 16 gives GQA (cuDNN is then timed on K and V repeated to the query heads).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
 from hf_fp8_attention.kernels import (  # noqa: E402
-    backward, backward_dkdv_gluon, backward_dq_gluon, forward, forward_gluon,
+    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward, forward_gluon,
 )
 from recipe_names import recipe_config  # noqa: E402
 
@@ -47,9 +49,12 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
-    # the Gluon kernels' operand layouts (each variant changes one kernel's)
-    **{f"{prefix}_{name}": ({}, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})
-       for prefix, module in (("fwd", forward_gluon), ("dkdv", backward_dkdv_gluon), ("dq", backward_dq_gluon))
+    # the Gluon kernels' operand layouts and schedules (each variant changes one kernel's; the
+    # statistics kernel's also switch that kernel on)
+    **{f"{prefix}_{name}": (launch, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})
+       for prefix, module, launch in (("fwd", forward_gluon, {}), ("dkdv", backward_dkdv_gluon, {}),
+                                      ("dq", backward_dq_gluon, {}),
+                                      ("stats", backward_stats_gluon, {"gluon_dq_stats": (128, )}))
        for name, values in module.LAYOUTS.items()},
 }
 DEFAULT_LAUNCH = dict(backward.LAUNCH)
@@ -82,7 +87,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--out-dir", type=Path, default=None)
     p.add_argument("--tag", default="gluon_variants")
+    p.add_argument("--kv-heads", type=int, default=16, help="K/V heads (a divisor of 16; fewer: GQA)")
     a = p.parse_args(argv)
+    if a.kv_heads < 1 or 16 % a.kv_heads:
+        p.error(f"--kv-heads must divide the 16 query heads, got {a.kv_heads}")
     names = a.variants.split(",")
     unknown = set(names) - set(VARIANTS)
     if unknown:
@@ -94,15 +102,17 @@ def main(argv=None) -> int:
     for shape in a.shapes.split(","):
         s, d, causal = (int(x) for x in shape.split(":"))
         causal = bool(causal)
-        b, h = max(16384 // s, 1), 16
+        b, h, hkv = max(16384 // s, 1), 16, a.kv_heads
         gen = torch.Generator(device="cuda").manual_seed(s + d)
-        q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        q, k, v, do = (torch.randn(b, n, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                       for n in (h, hkv, hkv, h))
+        k_full, v_full = (t.repeat_interleave(h // hkv, dim=1) for t in (k, v))
         ref = None
-        row = {"S": s, "D": d, "B": b, "H": h, "causal": causal}
+        row = {"S": s, "D": d, "B": b, "H": h, "H_kv": hkv, "causal": causal}
         cudnn = _sdpa_fn("cudnn", causal)
         for rnd in range(a.rounds):
             for mode in MODES:
-                row.setdefault(f"cudnn/{mode}", []).append(_time(cudnn, mode, q, k, v, 25, 100))
+                row.setdefault(f"cudnn/{mode}", []).append(_time(cudnn, mode, q, k_full, v_full, 25, 100))
             for name in names:
                 apply(name)
                 if rnd == 0:
@@ -114,7 +124,7 @@ def main(argv=None) -> int:
                 for mode in MODES:
                     row.setdefault(f"{name}/{mode}", []).append(_time(impl, mode, q, k, v, 25, 100))
         rows.append(row)
-        line = [f"S={s} D={d} B={b} causal={causal}"]
+        line = [f"S={s} D={d} B={b} H={h} H_kv={hkv} causal={causal}"]
         for mode in MODES:
             ref_ms = min(row[f"cudnn/{mode}"])
             line.append(f"  {mode}: cudnn {ref_ms:.3f} ms ({flops(mode, b, h, s, d, causal) / ref_ms / 1e9:.0f} TF)")
@@ -128,7 +138,8 @@ def main(argv=None) -> int:
     if a.profile:
         s, d, causal = (int(x) for x in a.shapes.split(",")[0].split(":"))
         b = max(16384 // s, 1)
-        q, k, v, do = (torch.randn(b, 16, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        q, k, v, do = (torch.randn(b, n, s, d, device="cuda", dtype=torch.bfloat16)
+                       for n in (16, a.kv_heads, a.kv_heads, 16))
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         for name in names:
             apply(name)

@@ -32,7 +32,8 @@ def _reason(shape_q=(2, 4, 512, 128), shape_k=(2, 2, 512, 128), mask=CAUSAL, con
 
 
 MODULES = (backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon)
-LAYERED = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon}  # kernels with LAYOUTS
+LAYERED = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon,
+           "stats": backward_stats_gluon}  # kernels with LAYOUTS
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -102,7 +103,7 @@ def test_cpu_tensors_take_the_triton_launches():
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for, the forward, dK/dV and dQ in each of their operand layouts,
+    """Every kernel at every head dim it is built for, in each of its LAYOUTS (operand layouts, schedules),
     built as the GPU builds it (in a fresh process without the interpreter, whose patches of
     triton.language a Gluon compile in this process would meet after other tests): shared memory fits
     a block, the consumers' tile loops keep their accumulators in registers (no local-memory traffic
@@ -115,9 +116,8 @@ def test_compiles_for_sm90():
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
     built = {(r["kernel"], r["layout"], r["d"]) for r in rows}
-    assert built == ({(name, layout, d) for name, module in LAYERED.items()
-                      for layout in module.LAYOUTS for d in module.HEAD_DIMS}
-                     | {("stats", None, d) for d in backward_stats_gluon.HEAD_DIMS})
+    assert built == {(name, layout, d) for name, module in LAYERED.items()
+                     for layout in module.LAYOUTS for d in module.HEAD_DIMS}
     for r in rows:
         assert r["shared"] <= 227 * 1024, r
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
@@ -139,7 +139,7 @@ def test_device_checks(monkeypatch):
 
 
 def test_operand_layouts(monkeypatch):
-    """The forward, dK/dV and dQ kernels' default operand layouts are the first of their LAYOUTS, and
+    """The Gluon kernels' default operand layouts and schedules are the first of their LAYOUTS, and
     the scopes follow the tile of the layout in use (BLOCK_Q, BLOCK_N are read at each call)."""
     for module in LAYERED.values():
         default = tuple(getattr(module, name) for name in module.LAYOUT_CONSTANTS)

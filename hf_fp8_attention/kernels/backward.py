@@ -122,10 +122,10 @@ LAUNCH = {
     # Triton launch's 64 x 64 tiles (benchmarks/NOTES.md, "Backward").
     "gluon_dq": (128,),
     "gluon_dkdv": (128,),
-    # The matched fast recipe's statistics launch in Gluon (backward_stats_gluon.py): correct on the
-    # H200 (tests/gpu/test_gluon_backward.py switches it on) but 5% slower than the Triton launch
-    # it replaces (847 against 805 us at 8k causal; benchmarks/NOTES.md, "Backward"), so off here.
-    "gluon_dq_stats": (),
+    # The matched fast recipe's statistics launch in Gluon (backward_stats_gluon.py), each key tile's
+    # products issued under the previous tile's statistics: 768 against the Triton launch's 843 us
+    # at 8k causal, B = 2, H = 16 on the H200 (benchmarks/NOTES.md, "Backward").
+    "gluon_dq_stats": (128,),
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).

@@ -12,7 +12,9 @@ written to ``LSE2``, ``LSE2DO`` and ``DELTA``, and each row's dS bound
 max of its fp32 bits (order-free: deterministic). The layout is backward_dq_gluon.py's: a producer
 warp brings each 64-key tile's K and V codes by TMA into a ``STAGES``-deep ring; two consumer
 warpgroups own 64 queries each (128 per program), share every key tile and hold their Q and dO codes
-in registers (the A operands of S and dP).
+in registers (the A operands of S and dP). Each warpgroup issues a key tile's S and dP' before it
+folds the previous tile into its statistics (``PIPELINED``), two tiles per loop iteration so that
+the products alternate between two sets of registers.
 
 Scope (:func:`scope_reason`): ``fp8_delta_fast`` (the matched delta: the stale twin's statistics
 need D from the unquantized dO and O), E4M3, head dim 128, dense batches, query lengths a multiple
@@ -37,6 +39,15 @@ if gluon is not None:
 HEAD_DIMS = (128, )
 HALF_Q, BLOCK_N, STAGES = 64, 64, 3  # queries per consumer warpgroup; keys per tile; ring depth
 BLOCK_M = 2 * HALF_Q
+# Each key tile's S and dP' issued before the previous tile is folded, one wait per tile (True), or
+# issued and waited for in turn (False). The launch is latency-bound (at 8k causal the in-turn form
+# ran at a third to two fifths of the FP8 MMA rate, of the exponential unit's and of the issue
+# rate); on the H200 the kernel took 768 instead of 819 us there (benchmarks/NOTES.md, "Backward").
+PIPELINED = True
+# The schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the first is
+# the default above.
+LAYOUT_CONSTANTS = ("PIPELINED", )
+LAYOUTS = {"pipelined": (True, ), "in_turn": (False, )}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 
 
@@ -79,7 +90,7 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
     _stats_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, STAGES=STAGES,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -106,16 +117,18 @@ if gluon is not None:
                 s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-                s = s * gl.expand_dims(sq, 1)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # Q·Kᵀ of the codes, unscaled
                 if MASKED:
                     keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
                     vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
                     s = gl.where(vis, s, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
+                # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
+                # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m)
+                # is the one product per element (offline SASS: 349 -> 319 instructions per tile).
+                m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
                 m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = gl.exp2(m_i - m_safe)
-                e = gl.exp2(s - gl.expand_dims(m_safe, 1))
+                e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
                 l_i = l_i * alpha + gl.sum(e, 1)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
                 edp = e * dp
@@ -128,9 +141,77 @@ if gluon is not None:
         return m_i, l_i, u_i, w_i
 
     @gluon.jit
+    def _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
+              s_layout: gl.constexpr):
+        """Key tile t's complete products (``s`` = Q·Kᵀ of the codes, unscaled; ``dp`` = dO·Vᵀ) into
+        the row statistics: the operations of :func:`_consumer_tiles`' loop body."""
+        if MASKED:
+            keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
+            s = gl.where(vis, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
+        l_i = l_i * alpha + gl.sum(e, 1)
+        edp = e * dp
+        if MASKED:
+            edp = gl.where(vis, edp, 0.0)
+        u_i = u_i * alpha + gl.sum(edp, 1)
+        w_i = gl.maximum(w_i * alpha, gl.reduce(gl.abs(edp), 1, _max_nan), propagate_nan=tl.PropagateNan.ALL)
+        return m_new, l_i, u_i, w_i
+
+    @gluon.jit
+    def _issue(t, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES: gl.constexpr):
+        """Key tile t's S and dP' MMAs, issued once its ring slot is ready (not waited for)."""
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        return s, dp
+
+    @gluon.jit
+    def _pipelined_step(t, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, zero_s, queries,
+                        sq, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+        """Tile t + 1's products issued, tile t's complete ones (``s``, ``dp``) folded under them, then
+        one wait; tile t's slot released. Returns the statistics and tile t + 1's products."""
+        s_next, dp_next = _issue(t + 1, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, BLOCK_N, s_layout)
+        s_next, dp_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, dp_next))
+        mbarrier.arrive(empty.index(t % STAGES), count=1)
+        return m_i, l_i, u_i, w_i, s_next, dp_next
+
+    @gluon.jit
+    def _pipelined_tiles(t_end, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
+                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+        """Key tiles 0 <= t <= t_end into the row statistics, each tile's S and dP' issued before the
+        previous tile is folded (one wait per tile), two tiles per loop iteration so that the
+        products alternate between two register sets instead of being copied; the last tile (the
+        causal diagonal: MASKED) is folded after the loop. Same operations per element as
+        :func:`_consumer_tiles`."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        s, dp = _issue(0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
+        s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
+        t0 = t_end % 2  # an odd count of tiles before the last: one step first
+        if t0 == 1:
+            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
+                                                        ready, empty, zero_s, queries, sq, BLOCK_N, STAGES, s_layout)
+        for t in range(t0, t_end, 2):
+            m_i, l_i, u_i, w_i, s1, dp1 = _pipelined_step(t, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
+                                                          ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
+                                                          s_layout)
+            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(t + 1, s1, dp1, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
+                                                        v_smem, ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
+                                                        s_layout)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, BLOCK_N, s_layout)
+        mbarrier.arrive(empty.index(t_end % STAGES), count=1)
+        return m_i, l_i, u_i, w_i
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA,
                   DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, WG: gl.constexpr, HALF_Q: gl.constexpr,
-                  BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                  BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr,
+                  STAGES: gl.constexpr):
         """One warpgroup: the statistics of queries m0 + WG·64 .. + 64 of the program."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32])
@@ -149,7 +230,15 @@ if gluon is not None:
         l_i = gl.zeros([HALF_Q], gl.float32, rows)
         u_i = gl.zeros([HALF_Q], gl.float32, rows)
         w_i = gl.zeros([HALF_Q], gl.float32, rows)
-        if CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
+        if PIPELINED:  # up to the diagonal (causal, then the rest unseen) or every tile
+            t_end = q0 // BLOCK_N if CAUSAL else t_hi - 1
+            m_i, l_i, u_i, w_i = _pipelined_tiles(t_end, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
+                                                  empty, queries, sq, CAUSAL, BLOCK_N, STAGES, s_layout)
+            if CAUSAL:
+                m_i, l_i, u_i, w_i = _consumer_tiles(t_end + 1, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
+                                                     v_smem, ready, empty, queries, sq, False, True, BLOCK_N,
+                                                     STAGES, s_layout)
+        elif CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
             t_diag = q0 // BLOCK_N
             m_i, l_i, u_i, w_i = _consumer_tiles(0, t_diag, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
                                                  empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
@@ -184,8 +273,8 @@ if gluon is not None:
         LSE2, LSE2DO, DELTA,  # (B·Hq, Sq) fp32, written
         DS_BOUND,  # (B·Hq,) int32: each query head's fp32 dS bound, as bits (atomic max)
         H, G, SQ, SK, qk_scale,
-        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr,
+        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
 
@@ -198,14 +287,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
                          DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 0, HALF_Q, BLOCK_N, D, CAUSAL,
-                         STAGES)),
+                         PIPELINED, STAGES)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
                          DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 1, HALF_Q, BLOCK_N, D, CAUSAL,
-                         STAGES)),
+                         PIPELINED, STAGES)),
             (query_side_producer, (q_desc, do_desc, k_desc, v_desc, None, q_smem, do_smem, k_smem, v_smem, None,
                                    q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, 0, t_hi, HALF_Q, BLOCK_N,
                                    STAGES)),  # no transposed K: the statistics form no dQ
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "gluon_dq_stats", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PIPELINED", "gluon_dq_stats",
+           "scope_reason", "unsupported_reason"]

@@ -2,10 +2,9 @@
 (kernels/backward_stats_gluon.py, matched delta only), dQ (kernels/backward_dq_gluon.py) and the
 fused dK/dV (kernels/backward_dkdv_gluon.py).
 
-Each test enables every kernel at every head dim it is built for (the statistics kernel is off in
-the package: slower than the Triton launch it replaces), and first checks that each kernel whose
-scope the case is in ran (spies on their entry points), so none can pass on the Triton launches
-alone.
+Each test enables every kernel at every head dim it is built for (as the package does), and first
+checks that each kernel whose scope the case is in ran (spies on their entry points), so none can
+pass on the Triton launches alone.
 
 - Against the emulation, with the bounds of tests/gpu/test_backward_kernel.py (GRAD_REL, BF16_REL:
   the code-flip noise of Hopper's FP8 accumulation on problems of hundreds of rows and keys).
@@ -35,6 +34,7 @@ from helpers import make_qkv, rel_err  # noqa: E402
 from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+from hf_fp8_attention.config import DeltaMode  # noqa: E402
 from hf_fp8_attention.kernels import (  # noqa: E402
     backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon,
 )
@@ -142,19 +142,22 @@ def test_gluon_backward_matches_triton_launches(shape, recipe, gluon_calls, monk
                 assert torch.equal(both[i], triton[i]), (key, label, "not reached by the kernel: must be identical")
 
 
-# (shape, LAUNCH key, layout): each alternative operand layout of the dK/dV and dQ kernels, on the
-# shapes at head dims the kernel is built for
-LAYOUT_CASES = [(shape, key, layout) for key in ("gluon_dkdv", "gluon_dq")
+# (shape, LAUNCH key, layout, recipe): each alternative operand layout or schedule of the dK/dV, dQ
+# and statistics kernels, on the shapes at head dims the kernel is built for, with the recipes in
+# its scope (the statistics kernel's is the matched delta alone)
+LAYOUT_CASES = [(shape, key, layout, recipe) for key in ("gluon_dkdv", "gluon_dq", "gluon_dq_stats")
                 for layout in list(KERNELS[key][0].LAYOUTS)[1:]
-                for shape, (dims, _) in SHAPES.items() if dims[-1] in KERNELS[key][0].HEAD_DIMS]
+                for shape, (dims, _) in SHAPES.items() if dims[-1] in KERNELS[key][0].HEAD_DIMS
+                for recipe in list(RECIPES)[:2]
+                if key != "gluon_dq_stats" or RECIPES[recipe].delta is DeltaMode.MATCHED]
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES)[:2])
-@pytest.mark.parametrize("shape, key, layout", LAYOUT_CASES)
+@pytest.mark.parametrize("shape, key, layout, recipe", LAYOUT_CASES)
 def test_gluon_layouts_match_the_default(shape, key, layout, recipe, gluon_calls, monkeypatch):
-    """An alternative operand layout (dK/dV: K and V read from shared memory, 32- or 64-query tiles;
-    dQ: Q and dO from shared memory, 64- or 128-key tiles) computes from the same codes with the same
-    per-element operations as the default layout, so the gradients its kernel forms are within
+    """An alternative operand layout or schedule (dK/dV: K and V read from shared memory, 32- or
+    64-query tiles; dQ: Q and dO from shared memory, 64- or 128-key tiles; statistics: each tile's
+    products issued before the previous tile is folded) computes from the same codes with the same
+    per-element operations as the default, so the gradients its kernel's output reaches are within
     AB_REL of the default's (only the MMAs' fp32 accumulation may group differently) and the others
     identical."""
     module, _, reached = KERNELS[key]
