@@ -104,12 +104,10 @@ if gluon is not None:
     def _consumer_tiles(t_a, t_b, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
                         MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr):
-        """Key tiles t_a <= t < t_b into one warpgroup's row statistics: the Triton launch's
-        ``_dq_stats_tiles`` and ``fold_matched_stats`` with KV_HEAD and BOUND, the same fp32
-        operations per element. SKIP: tiles no query of this warpgroup sees (the other one does):
-        only their ring slots are released."""
+        """Key tiles t_a <= t < t_b into one warpgroup's row statistics (the Triton launch's
+        ``_dq_stats_tiles``), each tile's S and dP' issued and waited for in turn. SKIP: tiles no
+        query of this warpgroup sees (the other one does): only their ring slots are released."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
-        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         for t in range(t_a, t_b):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
@@ -117,43 +115,33 @@ if gluon is not None:
                 s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # Q·Kᵀ of the codes, unscaled
-                if MASKED:
-                    keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
-                    vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
-                    s = gl.where(vis, s, float("-inf"))
-                # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
-                # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m)
-                # is the one product per element (offline SASS: 349 -> 319 instructions per tile).
-                m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_safe)
-                e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
-                l_i = l_i * alpha + gl.sum(e, 1)
-                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-                edp = e * dp
-                if MASKED:
-                    edp = gl.where(vis, edp, 0.0)
-                u_i = u_i * alpha + gl.sum(edp, 1)
-                w_i = gl.maximum(w_i * alpha, gl.reduce(gl.abs(edp), 1, _max_nan), propagate_nan=tl.PropagateNan.ALL)
-                m_i = m_new
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+                m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED, True, BLOCK_N,
+                                           s_layout)
             mbarrier.arrive(empty.index(slot), count=1)
         return m_i, l_i, u_i, w_i
 
     @gluon.jit
-    def _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
-              s_layout: gl.constexpr):
-        """Key tile t's complete products (``s`` = Q·Kᵀ of the codes, unscaled; ``dp`` = dO·Vᵀ) into
-        the row statistics: the operations of :func:`_consumer_tiles`' loop body."""
+    def _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED: gl.constexpr, WAIT_DP: gl.constexpr,
+              BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """Key tile t's products (``s`` = Q·Kᵀ of the codes, unscaled, complete; ``dp`` = dO·Vᵀ,
+        still in flight with WAIT_DP: waited for once S's exponentials are formed) into the row
+        statistics m, l, u, w (:func:`.backward_fp8.fold_matched_stats` with BOUND, the same fp32
+        operations per element). MASKED: the causal diagonal's tile."""
         if MASKED:
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
             s = gl.where(vis, s, float("-inf"))
+        # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
+        # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m) is
+        # the one product per element (offline SASS: 349 -> 319 instructions per tile).
         m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_safe)
         e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(e, 1)
+        if WAIT_DP:
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         edp = e * dp
         if MASKED:
             edp = gl.where(vis, edp, 0.0)
@@ -176,7 +164,7 @@ if gluon is not None:
         """Tile t + 1's products issued, tile t's complete ones (``s``, ``dp``) folded under them, then
         one wait; tile t's slot released. Returns the statistics and tile t + 1's products."""
         s_next, dp_next = _issue(t + 1, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
-        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, BLOCK_N, s_layout)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, False, BLOCK_N, s_layout)
         s_next, dp_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, dp_next))
         mbarrier.arrive(empty.index(t % STAGES), count=1)
         return m_i, l_i, u_i, w_i, s_next, dp_next
@@ -203,7 +191,7 @@ if gluon is not None:
             m_i, l_i, u_i, w_i, s, dp = _pipelined_step(t + 1, s1, dp1, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
                                                         v_smem, ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
                                                         s_layout)
-        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, BLOCK_N, s_layout)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, False, BLOCK_N, s_layout)
         mbarrier.arrive(empty.index(t_end % STAGES), count=1)
         return m_i, l_i, u_i, w_i
 
