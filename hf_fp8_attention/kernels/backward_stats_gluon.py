@@ -129,16 +129,23 @@ if gluon is not None:
         statistics m, l, u, w (:func:`.backward_fp8.fold_matched_stats` with BOUND, the same fp32
         operations per element). MASKED: the causal diagonal's tile."""
         if MASKED:
+            # S rounded by itself, as the Triton launch does on masked tiles: the key that sets a
+            # row's maximum then gets the exponent 0 exactly, so a query that sees one key has
+            # l = 1 and D' = dP' exactly (its dS, and so its dQ, exactly 0).
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
-            s = gl.where(vis, s, float("-inf"))
-        # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
-        # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m) is
-        # the one product per element (offline SASS: 349 -> 319 instructions per tile).
-        m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            x = gl.where(vis, s * gl.expand_dims(sq, 1), float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(x, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            e = gl.exp2(x - gl.expand_dims(m_safe, 1))
+        else:
+            # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
+            # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m)
+            # is the one product per element (offline SASS: 349 -> 319 instructions per tile).
+            m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
         alpha = gl.exp2(m_i - m_safe)
-        e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
         l_i = l_i * alpha + gl.sum(e, 1)
         if WAIT_DP:
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))

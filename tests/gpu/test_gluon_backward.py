@@ -177,6 +177,20 @@ def test_gluon_layouts_match_the_default(shape, key, layout, recipe, gluon_calls
             assert torch.equal(got[i], default[i]), (label, "not reached by the kernel: must be identical")
 
 
+def test_gluon_backward_gives_a_first_query_zero_dq(gluon_calls):
+    """A causal sequence's first query sees one key: its matched D' equals its dP' exactly, so its dS
+    and dQ are exactly 0 (as through the Triton launches, tests/gpu/test_extreme_inputs.py). Q is
+    scaled up so that the logits, and the rounding of S = s · sq, are large."""
+    config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
+    tensors, mask, scale, _ = _problem("causal_gqa_d128", config, seed=13)
+    tensors[0].mul_(8.0)
+    got = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert gluon_calls["gluon_dq_stats"] == 1 and gluon_calls["gluon_dq"] == 1
+    first = got[0][:, :, 0]
+    assert torch.equal(first, torch.zeros_like(first)), first.abs().max()
+    assert got[0].abs().max() > 0  # the later queries have gradients
+
+
 def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monkeypatch):
     config, dtype = RECIPES["fp8_delta_fast"], torch.bfloat16
     tensors, mask, scale, _ = _problem("causal_gqa_d128", config, seed=5)
