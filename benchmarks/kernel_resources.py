@@ -12,6 +12,9 @@ Two modes:
   candidate of the forward's autotune space is compiled. Registers and spills come from
   ``ptxas -v`` on the PTX (the flags Triton passes), shared memory from Triton's allocation.
   ``python benchmarks/kernel_resources.py --offline --dims 128 256``
+  ``--mix NAME``: also the instruction mix of the launches whose label contains NAME (SASS of the
+  whole kernel, by class: integer, floating point, byte permutes, memory, other), e.g. where a
+  memory-bound launch spends its issue slots.
 
 Offline counts are a guide, not a measurement: benchmarks/NOTES.md ("Offline compiles") lists where
 they pointed the wrong way; the device's SASS (Nsight Compute) and timings decide.
@@ -143,7 +146,8 @@ class OfflineCompiler:
         regs, stack, spill_st, spill_ld = self._resources[key]
         self.records.append(dict(self.context, kernel=fn.__name__, consts=_named_consts(fn, constexprs),
                                  warps=options.num_warps, stages=options.num_stages, smem=kernel.metadata.shared,
-                                 regs=regs, stack=stack, spill_st=spill_st, spill_ld=spill_ld))
+                                 regs=regs, stack=stack, spill_st=spill_st, spill_ld=spill_ld,
+                                 mix=instruction_mix(kernel)))
         return kernel
 
     def ptxas_resources(self, ptx: str) -> tuple[int, int, int, int]:
@@ -158,6 +162,28 @@ class OfflineCompiler:
         regs = re.search(r"Used (\d+) registers", log)
         spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
         return (int(regs.group(1)), *(int(x) for x in spills.groups()))
+
+
+# SASS opcodes by class (the rest: "other": branches, barriers, uniform-datapath and moves).
+MIX_CLASSES = {
+    "integer": ("IMAD", "IADD3", "LEA", "LOP3", "ISETP", "SHF", "SEL", "IMNMX", "VIMNMX", "IABS", "I2F", "F2I", "I2FP"),
+    "float": ("FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "MUFU", "FCHK", "F2FP", "HFMA2", "HADD2", "HMUL2"),
+    "permute": ("PRMT", "SHFL"),
+    "memory": ("LDG", "STG", "LDS", "STS", "LDSM", "STSM", "LDGSTS", "UTMALDG", "UTMASTG", "ATOMG", "RED"),
+}
+
+
+def instruction_mix(kernel) -> dict:
+    """Instructions of a compiled kernel's SASS by class (:data:`MIX_CLASSES`), and their total."""
+    from triton.tools.disasm import get_sass
+
+    ops = [line.split("\t", 1)[1].strip() for line in get_sass(kernel.asm["cubin"]).splitlines()
+           if "\t" in line and ";" in line]
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in ops]
+    mix = {name: sum(op in codes for op in ops) for name, codes in MIX_CLASSES.items()}
+    mix["other"] = len(ops) - sum(mix.values())
+    mix["total"] = len(ops)
+    return mix
 
 
 def _named_consts(fn, constexprs: dict) -> dict:
@@ -189,6 +215,14 @@ def launch_label(rec: dict) -> str:
     if name == "_finish_kernel":
         return "stats finish"
     return name
+
+
+def _copies_label(rec: dict) -> str:
+    """A quantization launch's copies per operand (``X:rc Y:r``: X row- and channel-wise, Y row-wise)."""
+    if rec["kernel"] != "quantize_kernel":
+        return ""
+    c = rec["consts"]
+    return " ".join(f"{op}:{'r' * bool(c.get(op + '_ROW'))}{'c' * bool(c.get(op + '_COL'))}" for op in ("X", "Y"))
 
 
 def _offline_inputs(d: int, mask_kind: str, seq: int):
@@ -276,6 +310,22 @@ def print_table(rows: list[dict], args) -> None:
         flag = "  OVER" if r["smem"] > SMEM_LIMIT else ""
         print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {r['warps']:5d} {r['stages']:6d} "
               f"{r['regs']:4d} {r['spill_st']:6d}/{r['spill_ld']:<6d} {r['smem']:7d}{flag}")
+    if args.mix:
+        print()
+        print(f"# instruction mix of the launches labelled *{args.mix}* (whole kernel, static SASS counts)")
+        print(f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':34s} {'total':>6s} "
+              + " ".join(f"{name:>9s}" for name in (*MIX_CLASSES, "other")))
+        shown = set()
+        for r in rows:
+            if "error" in r or args.mix not in launch_label(r):
+                continue
+            label = f"{launch_label(r)} {_copies_label(r)}".strip()
+            if (r["d"], r["recipe"], r["mask"], label) in shown:
+                continue
+            shown.add((r["d"], r["recipe"], r["mask"], label))
+            m = r["mix"]
+            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {m['total']:6d} "
+                  + " ".join(f"{m[name]:5d} {100 * m[name] / m['total']:2.0f}%" for name in (*MIX_CLASSES, "other")))
     # Per head dim and launch: the worst case over recipes and masks.
     print()
     print("# worst case per launch over the recipes and masks above")
@@ -314,6 +364,8 @@ def main(argv=None) -> None:
     parser.add_argument("--masks", type=lambda s: s.split(","), default=list(OFFLINE_MASKS),
                         help=f"offline: comma-separated mask kinds ({', '.join(OFFLINE_MASKS)})")
     parser.add_argument("--capability", type=int, default=90, help="offline: compute capability (90: H100/H200)")
+    parser.add_argument("--mix", default=None,
+                        help="offline: instruction mix of the launches whose label contains this")
     args = parser.parse_args(argv)
     if args.offline:
         args.seq = args.seq or 1024
