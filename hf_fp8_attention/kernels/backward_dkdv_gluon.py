@@ -43,7 +43,8 @@ from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape
 
 if gluon is not None:
     from .gluon_hopper import (
-        ds_head_scale, gl, mbarrier, ring_barriers, scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, ring_barriers, scale_from_amax, tma_load,
+        warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
@@ -251,12 +252,10 @@ if gluon is not None:
                   MERGED: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
         their dK and dV."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_Q, 32])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 32])
-        ka_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
-        pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        s_layout: gl.constexpr = mma_layout(BLOCK_Q)
+        o_layout: gl.constexpr = mma_layout(D)
+        ka_layout: gl.constexpr = a_operand_layout(s_layout)
+        pa_layout: gl.constexpr = a_operand_layout(o_layout)
         keys = n0 + WG * HALF_K + gl.arange(0, HALF_K, layout=gl.SliceLayout(1, s_layout))
         vec: gl.constexpr = gl.SliceLayout(0, o_layout)
         mbarrier.wait(kv_bar, 0)

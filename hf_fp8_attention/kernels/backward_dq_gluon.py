@@ -30,8 +30,8 @@ from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape
 
 if gluon is not None:
     from .gluon_hopper import (
-        ds_head_scale, gl, mbarrier, query_block, query_side_producer, ring_barriers, warpgroup_mma,
-        warpgroup_mma_wait,
+        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, query_block, query_side_producer, ring_barriers,
+        warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -126,12 +126,10 @@ if gluon is not None:
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
                   POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 32])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 32])
-        qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
-        pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
+        qa_layout: gl.constexpr = a_operand_layout(s_layout)
+        pa_layout: gl.constexpr = a_operand_layout(o_layout)
         rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         q0 = m0 + WG * HALF_Q
         queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)

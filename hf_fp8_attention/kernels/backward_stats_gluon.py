@@ -33,7 +33,8 @@ if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
 
     from .gluon_hopper import (
-        gl, mbarrier, query_block, query_side_producer, ring_barriers, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, gl, mbarrier, mma_layout, query_block, query_side_producer, ring_barriers, warpgroup_mma,
+        warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -208,9 +209,8 @@ if gluon is not None:
                   BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr,
                   STAGES: gl.constexpr):
         """One warpgroup: the statistics of queries m0 + WG·64 .. + 64 of the program."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 32])
-        qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        qa_layout: gl.constexpr = a_operand_layout(s_layout)
         rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         q0 = m0 + WG * HALF_Q
         queries = q0 + gl.arange(0, HALF_Q, layout=rows)

@@ -1,7 +1,8 @@
 """What the warp-specialised Gluon kernels for Hopper share (forward_gluon.py, backward_stats_gluon.py,
 backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
-ring barriers, and the query-side programs' (forward, dQ, statistics) grid mapping and producer warp.
+ring barriers, the consumers' register layouts, and the query-side programs' (forward, dQ,
+statistics) grid mapping and producer warp.
 
 The kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
 per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
@@ -23,8 +24,9 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.experimental.gluon import constexpr_function
 except (ImportError, AttributeError):
-    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = constexpr_function = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,6 +96,17 @@ def descriptor(codes_2d: torch.Tensor, block: tuple[int, int]) -> "TensorDescrip
 if gluon is not None:
     # The TMA load was renamed between Triton 3.6 (async_copy_global_to_shared) and 3.7 (async_load).
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+    @constexpr_function
+    def mma_layout(n):
+        """The register layout of a warpgroup's (64, ``n``) wgmma accumulator: its 4 warps along the
+        rows, m64nNk32 instructions (FP8 operands)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 32])
+
+    @constexpr_function
+    def a_operand_layout(parent):
+        """The register layout of an FP8 wgmma A operand whose product accumulates in ``parent``."""
+        return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=4)
 
     @gluon.jit
     def scale_from_amax(amax, POW2: gl.constexpr):
