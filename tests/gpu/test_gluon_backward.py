@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from helpers import make_qkv, rel_err  # noqa: E402
+from helpers import GLUON_RECIPES as RECIPES, make_qkv, rel_err  # noqa: E402
 from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
@@ -56,11 +56,6 @@ SHAPES = {
     "causal_g3_d128": ((1, 6, 2, 384, 384, 128), True),
     "causal_g3_d64": ((1, 6, 2, 384, 384, 64), True),  # dK/dV only (dQ is built for 128)
     "dense_mqa_d64": ((2, 4, 1, 256, 256, 64), False),
-}
-RECIPES = {
-    "fp8_delta_fast": FP8AttentionConfig.from_recipe("fp8_delta_fast"),
-    "fp8_stale_fast": FP8AttentionConfig.from_recipe("fp8_stale_fast"),
-    "fp8_delta_fast+pow2": FP8AttentionConfig.from_recipe("fp8_delta_fast", pow2_scales=True),
 }
 
 

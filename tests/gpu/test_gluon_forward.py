@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from helpers import make_qkv, rel_err  # noqa: E402
+from helpers import GLUON_RECIPES as RECIPES, make_qkv, rel_err  # noqa: E402
 from test_forward_kernel import LSE_ABS as EMULATION_LSE_ABS, O_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
@@ -45,11 +45,6 @@ SHAPES = {
     "dense_mqa": ((2, 4, 1, 256, 256, 128), False),
     "causal_long": ((1, 2, 1, 2048, 2048, 128), True),
     "out_of_scope_length": ((1, 2, 2, 200, 200, 128), True),  # the Triton kernel runs
-}
-RECIPES = {
-    "fp8_delta_fast": FP8AttentionConfig.from_recipe("fp8_delta_fast"),
-    "fp8_stale_fast": FP8AttentionConfig.from_recipe("fp8_stale_fast"),
-    "fp8_delta_fast+pow2": FP8AttentionConfig.from_recipe("fp8_delta_fast", pow2_scales=True),
 }
 
 
