@@ -98,6 +98,11 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
                           options={"num_warps": num_warps, "num_stages": 3, "enable_fp_fusion": True})
 
 
+# A Gluon kernel's constexpr switch -> the module constant that sets it at launch.
+GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
+                  "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED"}
+
+
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16"):
     """One of the fast recipes' Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
     ``"dq"``: kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
@@ -142,16 +147,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
                   PRODUCER_REGS=mod.PRODUCER_REGS)
     if "POW2" in kernel.arg_names:
         consts["POW2"] = False
-    if "KV_REGS" in kernel.arg_names:
-        consts["KV_REGS"] = mod.KV_IN_REGISTERS
-    if "QDO_REGS" in kernel.arg_names:
-        consts["QDO_REGS"] = mod.QDO_IN_REGISTERS
-    if "Q_REGS" in kernel.arg_names:
-        consts["Q_REGS"] = mod.Q_IN_REGISTERS
-    if "MERGED" in kernel.arg_names:
-        consts["MERGED"] = mod.MERGED_WAITS
-    if "PIPELINED" in kernel.arg_names:
-        consts["PIPELINED"] = mod.PIPELINED
+    # The kernel's layout and schedule switches, from the module's constants of those names.
+    consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
