@@ -175,11 +175,9 @@ MIX_CLASSES = {
 
 def instruction_mix(kernel) -> dict:
     """Instructions of a compiled kernel's SASS by class (:data:`MIX_CLASSES`), and their total."""
-    from triton.tools.disasm import get_sass
+    from compile_sm90 import sass_lines
 
-    ops = [line.split("\t", 1)[1].strip() for line in get_sass(kernel.asm["cubin"]).splitlines()
-           if "\t" in line and ";" in line]
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in ops]
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", op).split()[0].split(".")[0] for op in sass_lines(kernel)]
     mix = {name: sum(op in codes for op in ops) for name, codes in MIX_CLASSES.items()}
     mix["other"] = len(ops) - sum(mix.values())
     mix["total"] = len(ops)
