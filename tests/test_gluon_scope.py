@@ -99,7 +99,7 @@ def test_cpu_tensors_take_the_triton_launches():
         assert module.unsupported_reason(q, q, CAUSAL, FAST, {}) is not None
         assert not backward._gluon_runs(module, key, q, q, CAUSAL, FAST, {})
     assert "CUDA" in forward_gluon.unsupported_reason(q, q, CAUSAL, FAST, {})
-    assert not forward._gluon_forward_runs(q, q, CAUSAL, FAST, {})
+    assert not gluon_hopper.gluon_runs(forward_gluon, forward.GLUON_FORWARD, q, q, CAUSAL, FAST, {}, "test")
 
 
 def test_compiles_for_sm90():

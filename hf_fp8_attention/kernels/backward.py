@@ -65,6 +65,7 @@ from ..config import BackwardPrecision, DeltaMode, FP8AttentionConfig, FP8Format
 from ..masking import MaskSpec, varlen_max_lengths
 from ..reference import check_dq_in_stats, stale_lse
 from . import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon
+from .gluon_hopper import gluon_runs
 from .backward_fp8 import bwd_dkdv_fp8_kernel, bwd_dq_fp8_kernel
 from .backward_inreg import bwd_dkdv_inreg_kernel, bwd_dq_inreg_kernel
 from .constants import LOG2E, tl_fp8
@@ -404,20 +405,9 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
 
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
     """Whether ``module``'s Gluon kernel (backward_stats_gluon, backward_dq_gluon or
-    backward_dkdv_gluon) does this launch's work (``LAUNCH[key]`` lists the head dims it is enabled at). It computes what the
-    Triton launch computes, so where it cannot run the Triton launch does, and the reason is logged
-    once (debug level: nothing is lost)."""
-    if q.shape[-1] not in LAUNCH[key]:
-        return False
-    reason = module.unsupported_reason(q, k, mask, config, mod_meta)
-    if reason is not None:
-        _note_triton_launch(key, reason)
-    return reason is None
-
-
-@functools.lru_cache(maxsize=None)
-def _note_triton_launch(key: str, reason: str) -> None:
-    logger.debug("triton_backward: the Triton launch, not the Gluon kernel (%s): %s", key, reason)
+    backward_dkdv_gluon) does this launch's work, ``LAUNCH[key]`` listing the head dims it is
+    enabled at (:func:`.gluon_hopper.gluon_runs`)."""
+    return gluon_runs(module, LAUNCH[key], q, k, mask, config, mod_meta, f"triton_backward ({key})")
 
 
 def _tiles(table: dict, launch: str, free: bool, config: FP8AttentionConfig, dp: int, *,

@@ -59,7 +59,6 @@ scales ``(B, Hkv, NT, DP)`` (see :mod:`.quantize`). GQA: query head h reads kv h
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 
@@ -81,8 +80,7 @@ from .quantize import (
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for
 from . import forward_gluon
-
-logger = logging.getLogger(__name__)
+from .gluon_hopper import gluon_runs
 
 # The fast recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
 # it applies, at these head dims; elsewhere _fwd_kernel.
@@ -547,7 +545,8 @@ def triton_forward(
                            not varlen and sk % config.block_k == 0), **mods.meta()}
     if max(rows, 0) == 0:
         return out, lse
-    if block_m is None and _gluon_forward_runs(q, k, mask, config, mods.meta()):
+    if block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
+                                      "triton_forward"):
         forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
                                     groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
         return out, lse
@@ -569,23 +568,6 @@ def triton_forward(
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch, autotune_space(meta["BLOCK_D"])))
     return out, lse
-
-
-def _gluon_forward_runs(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
-    """Whether forward_gluon.py's kernel does this forward (``GLUON_FORWARD`` lists the head dims it
-    is enabled at). It computes what ``_fwd_kernel`` computes, so where it cannot run that kernel
-    does, and the reason is logged once (debug level: nothing is lost)."""
-    if q.shape[-1] not in GLUON_FORWARD:
-        return False
-    reason = forward_gluon.unsupported_reason(q, k, mask, config, mod_meta)
-    if reason is not None:
-        _note_triton_forward(reason)
-    return reason is None
-
-
-@functools.lru_cache(maxsize=None)
-def _note_triton_forward(reason: str) -> None:
-    logger.debug("triton_forward: the Triton kernel, not the Gluon one: %s", reason)
 
 
 __all__ = ["GLUON_FORWARD", "LOG2E", "triton_forward"]

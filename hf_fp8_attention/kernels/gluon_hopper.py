@@ -1,5 +1,6 @@
 """What the warp-specialised Gluon kernels for Hopper share (forward_gluon.py, backward_stats_gluon.py,
-backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks,
+backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks
+and the choice between a Gluon kernel and its Triton launch,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
 ring barriers, the consumers' register layouts, and the query-side programs' (forward, dQ,
 statistics) grid mapping and producer warp.
@@ -12,6 +13,7 @@ from the same FP8 copies, statistics and scales.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -27,6 +29,9 @@ try:  # Gluon ships with Triton >= 3.5
     from triton.experimental.gluon import constexpr_function
 except (ImportError, AttributeError):
     gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = constexpr_function = None
+
+
+logger = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,6 +85,26 @@ def device_reason(q: torch.Tensor) -> str | None:
     if _capability(q.device.index) != (9, 0):
         return "not a Hopper (sm_90) GPU"
     return None
+
+
+def gluon_runs(module, head_dims: tuple, q: torch.Tensor, k: torch.Tensor, mask: MaskSpec,
+               config: FP8AttentionConfig, mod_meta: dict, caller: str) -> bool:
+    """Whether ``module``'s Gluon kernel (forward_gluon, backward_stats_gluon, backward_dq_gluon or
+    backward_dkdv_gluon) does this call's work: enabled at ``head_dims`` and, by its
+    ``unsupported_reason``, in scope here. It computes what the Triton launch it replaces computes,
+    so elsewhere that launch runs, and the reason is logged once per ``caller`` (debug level:
+    nothing is lost)."""
+    if q.shape[-1] not in head_dims:
+        return False
+    reason = module.unsupported_reason(q, k, mask, config, mod_meta)
+    if reason is not None:
+        _note_triton_launch(caller, reason)
+    return reason is None
+
+
+@functools.lru_cache(maxsize=None)
+def _note_triton_launch(caller: str, reason: str) -> None:
+    logger.debug("%s: the Triton launch, not the Gluon kernel: %s", caller, reason)
 
 
 @functools.lru_cache(maxsize=None)
