@@ -103,11 +103,12 @@ GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", 
                   "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED"}
 
 
-def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16"):
-    """One of the fast recipes' Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py,
-    ``"dq"``: kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
-    kernels/forward_gluon.py) built for sm_90a at head dim ``d``, as the package launches it; None
-    where this Triton has no Gluon."""
+def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True):
+    """One of the Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py, ``"dq"``:
+    kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
+    kernels/forward_gluon.py) built for sm_90a at head dim ``d``, as the package launches it;
+    ``qdo_head``: Q's and dO's row scales one per head (the fast recipes) or per token (dK/dV's
+    QDO_HEAD). None where this Triton has no Gluon."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -147,6 +148,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
                   PRODUCER_REGS=mod.PRODUCER_REGS)
     if "POW2" in kernel.arg_names:
         consts["POW2"] = False
+    if "QDO_HEAD" in kernel.arg_names:
+        consts["QDO_HEAD"] = qdo_head
     # The kernel's layout and schedule switches, from the module's constants of those names.
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
     sig = {name: "i32" for name in kernel.arg_names}
@@ -217,9 +220,11 @@ def main(argv=None) -> int:
         # built in each of their LAYOUTS
         layered = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon,
                    "stats": backward_stats_gluon}
-        builds = [(name, layout, d) for name, module in layered.items() for layout in module.LAYOUTS
+        builds = [(name, layout, d, True) for name, module in layered.items() for layout in module.LAYOUTS
                   for d in module.HEAD_DIMS]
-        for name, layout, d in builds:
+        # dK/dV's default layout with per-token Q and dO scales too (fp8_delta, fp8_stale)
+        builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False) for d in backward_dkdv_gluon.HEAD_DIMS]
+        for name, layout, d, qdo_head in builds:
             for causal in (True, False):
                 module = layered.get(name)
                 names = module.LAYOUT_CONSTANTS if layout else ()
@@ -227,19 +232,21 @@ def main(argv=None) -> int:
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)
                 try:
-                    compiled = compile_gluon(name, d, causal)
+                    compiled = compile_gluon(name, d, causal, qdo_head=qdo_head)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3
-                rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, shared=compiled.metadata.shared,
+                rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, qdo_head=qdo_head,
+                                 shared=compiled.metadata.shared,
                                  spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
                                  mma_loops=mma_loops(compiled)))
                 if not args.json:
                     r = rows[-1]
-                    print(f"{name:5s} {layout or '':16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
+                    label = (layout or "") + ("" if qdo_head else " (Q, dO per token)")
+                    print(f"{name:5s} {label:16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
                           f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:
             print(json.dumps(rows))

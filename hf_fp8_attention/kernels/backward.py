@@ -34,7 +34,7 @@ front, and by default gives each kernel's two jobs a launch of their own (LSE'/D
 dV: see ``LAUNCH``). It forms the same dS with one operation per element fewer: dO's row scale is
 folded into LSE' and D there (see that module's docstring).
 
-With ``ds_scales="head"`` (the fast recipes) dS takes one scale per (sequence, query head) in both
+With ``ds_scales="head"`` (``fp8_delta``, ``fp8_delta_fast`` and their stale twins) dS takes one scale per (sequence, query head) in both
 dQ and dK, from a bound the statistics launch forms and folds per head (the stale delta then runs
 that launch too); a recipe whose backward no block binds (``operands.backward_block_free``) takes
 its tiles from ``LAUNCH["block_free"]`` (``LAUNCH["block_free_d64"]`` overriding it up to head dim 64)
@@ -42,7 +42,8 @@ instead of the recipe's blocks. ``config.dq_in_stats``
 forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``: dQ = A − D'·B from the forward's
 LSE, see the config's docstring), so LSE'/D and dQ no longer take two.
 
-On Hopper the fast recipes' dQ and fused dK/dV launches run as warp-specialised Gluon kernels
+On Hopper the block-free recipes' (``fp8_delta``, ``fp8_delta_fast``, their stale twins) statistics,
+dQ and fused dK/dV launches run as warp-specialised Gluon kernels
 (:mod:`.backward_dq_gluon`, :mod:`.backward_dkdv_gluon`: a TMA producer warp and two consumer
 warpgroups that hold their tile's FP8 operands in registers) where the call is in their scope
 (``LAUNCH["gluon_dq"]`` / ``LAUNCH["gluon_dkdv"]``: head dims; dense batches, no soft-cap). They
@@ -117,7 +118,7 @@ LAUNCH = {
     # Up to head dim 64 the fused dK/dV launch has the registers for 64 x 64 tiles: 12-15% faster
     # there, 12% slower at 128 (backward_tiles.py, benchmarks/NOTES.md "Backward").
     "block_free_d64": {"dkdv": (64, 64)},
-    # The fast recipes' dQ and fused dK/dV launches on Hopper: the warp-specialised Gluon kernels
+    # The block-free recipes' dQ and fused dK/dV launches on Hopper: the warp-specialised Gluon kernels
     # (backward_dq_gluon.py, backward_dkdv_gluon.py) wherever they apply, at these head dims;
     # elsewhere the Triton launches. At head dim 64 the Gluon dK/dV kernel was 1-4% slower than the
     # Triton launch's 64 x 64 tiles (benchmarks/NOTES.md, "Backward").
@@ -383,7 +384,8 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
     if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, mod_meta):
         backward_dkdv_gluon.gluon_dkdv(
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
-            groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2)
+            groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2,
+            qdo_head=config.qdo_scales is Granularity.HEAD)
         return
     split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
     passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)

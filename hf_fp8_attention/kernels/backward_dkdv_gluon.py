@@ -1,8 +1,9 @@
-"""The fused dK/dV launch of the fast recipes on Hopper, written in Gluon and warp-specialised.
+"""The fused dK/dV launch of the block-free recipes on Hopper, written in Gluon and warp-specialised.
 
-It computes what ``bwd_dkdv_fp8_kernel`` (backward_fp8.py) computes for the block-free fast recipes
-(``fp8_delta_fast``, ``fp8_stale_fast``: one scale per (sequence, head) for Q, K, V and dO, channel
-scales per sequence, P on the fixed grid, dS one scale per query head), from the same FP8 copies,
+It computes what ``bwd_dkdv_fp8_kernel`` (backward_fp8.py) computes for the block-free recipes
+(``fp8_delta``, ``fp8_stale`` and their fast twins: one scale per (sequence, head) for K and V, Q's
+and dO's per token or, fast, per (sequence, head) (``QDO_HEAD``), channel scales per sequence, P on
+the fixed grid, dS one scale per query head), from the same FP8 copies,
 statistics and scales, and writes the same dK and dV up to the order of the fp32 accumulation. Why
 a second kernel (benchmarks/NOTES.md, "Backward"): the Triton launch runs 64 keys x 32 queries per
 iteration on one warpgroup and reads all four MMAs' operands from shared memory, K and V included
@@ -24,7 +25,7 @@ their visible query tiles, causal programs with the most tiles first. Per query 
 accumulators are rescaled by the ratio of the previous head's channel factors to this head's, as
 the Triton launch does (its COL_SEQ docstring), so the result is Σ_g c_g · (head g's products).
 
-Scope (:func:`scope_reason`): the fast recipes in E4M3, head dims 64 and 128 (enabled by
+Scope (:func:`scope_reason`): the block-free recipes in E4M3, head dims 64 and 128 (enabled by
 ``backward.LAUNCH["gluon_dkdv"]`` at 128 only: at 64 the Triton launch's 64 x 64 tiles were 1-4%
 faster),
 dense batches (no packed sequences, no window), key lengths a multiple of 128 and query lengths of
@@ -94,12 +95,12 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 
 def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv, *,
-               groups: int, qk_scale: float, tau: float, causal: bool, pow2: bool) -> None:
+               groups: int, qk_scale: float, tau: float, causal: bool, pow2: bool, qdo_head: bool) -> None:
     """Fill ``dk`` and ``dv`` (B, Hkv, Sk, 128), in the inputs' dtype, from the backward's FP8 copies
     (backward.py's ``_launch_fp8``, which runs the statistics launch first):
 
     - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs``, ``dors`` (B, Hq, Sq)
-      fp32: their scales (one per head, repeated per token);
+      fp32: their scales, one per token, or with ``qdo_head`` one per head (repeated per token);
     - ``qct``, ``doct`` (B, Hq, 128, Sq_pad) e4m3: channel-wise transposed codes; ``qcs``, ``docs``
       (B, Hq, n_tiles, 128) fp32: their channel scales (the sequence's, in tile 0);
     - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs``, ``vrs`` (B, Hkv, Sk) fp32: K's and V's;
@@ -107,7 +108,8 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
       query head's fp32 dS bound.
 
     ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
-    factor); ``tau``: the softmax scale (dK's factor)."""
+    factor); ``tau``: the softmax scale (dK's factor); ``qdo_head``: Q's and dO's row scales are one
+    per (sequence, head) (``qdo_scales="head"``), read once per head instead of per query tile."""
     b, hq, sq, d = qr.shape
     hkv, sk = kr.shape[1], kr.shape[2]
     descs = (descriptor(qr.view(-1, d), (BLOCK_Q, d)), descriptor(dor.view(-1, d), (BLOCK_Q, d)),
@@ -117,7 +119,7 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
     _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
-        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, KV_REGS=KV_IN_REGISTERS,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, QDO_HEAD=qdo_head, KV_REGS=KV_IN_REGISTERS,
         MERGED=MERGED_WAITS and (groups == 1 or MERGED_GQA),
         STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
@@ -139,11 +141,15 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem, k_smem,
-                  v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ, row_k0, n0, t_lo, t_hi,
-                  BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+                  v_smem, lse_smem, dl_smem, sf_smem, dsf_smem, kv_bar, ready, empty, LSE2, DELTA, QRS, DORS,
+                  DS_BOUND, sk, sv, seq, h0, H, bh_q0, G, SQ, row_k0, n0, t_lo, t_hi, BLOCK_Q: gl.constexpr,
+                  HALF_K: gl.constexpr, D: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr,
+                  QDO_HEAD: gl.constexpr):
         """One warp: the program's K and V tiles (two 64-key halves each) once, then per query head g
-        and query tile t its four FP8 copies (TMA) and its LSE' and D' (plain loads, shared stores)
-        into ring slot i % STAGES, i counting the tiles over all heads."""
+        and query tile t its four FP8 copies (TMA), its LSE' and D' and, unless QDO_HEAD, its per-query
+        factors of Sᵀ and dSᵀ (:func:`_consumer`'s ``s_mul`` and ``ds_mul`` with Q's and dO's row
+        scales; plain loads, shared stores) into ring slot i % STAGES, i counting the tiles over all
+        heads."""
         mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for w in gl.static_range(2):
             tma_load(k_desc, [row_k0 + n0 + w * HALF_K, 0], kv_bar, k_smem.index(w))
@@ -156,6 +162,7 @@ if gluon is not None:
         for g in range(G):
             row_q0 = (bh_q0 + g) * SQ
             row_t0 = (bh_q0 + g) * D
+            ds_inv = gl.div_rn(1.0, ds_head_scale(DS_BOUND, seq * H + h0 + g, POW2))  # read without QDO_HEAD
             for t in range(t_lo, t_hi):
                 i = g * n_t + t - t_lo
                 slot = i % STAGES
@@ -169,15 +176,23 @@ if gluon is not None:
                 tma_load(dot_desc, [row_t0, q0], bar, dot_smem.index(slot))
                 lse_smem.index(slot).store(gl.load(LSE2 + row_q0 + q0 + offs))
                 dl_smem.index(slot).store(gl.load(DELTA + row_q0 + q0 + offs))
+                if not QDO_HEAD:  # the Triton launch's per-query factors, in its order
+                    sf_smem.index(slot).store(gl.load(QRS + row_q0 + q0 + offs) * sk)
+                    dsf_smem.index(slot).store(((gl.load(DORS + row_q0 + q0 + offs) * sv) * (1.0 / 448.0)) * ds_inv)
                 mbarrier.arrive(bar, count=1)  # the slot's second arrival (expect is the first)
 
     @gluon.jit
-    def _pt_tile(st, t, lse_slot, keys, s_mul, MASKED: gl.constexpr, BLOCK_Q: gl.constexpr, s_layout: gl.constexpr):
+    def _pt_tile(st, t, lse_slot, sf_slot, keys, s_mul, MASKED: gl.constexpr, QDO_HEAD: gl.constexpr,
+                 BLOCK_Q: gl.constexpr, s_layout: gl.constexpr):
         """448 · Pᵀ of query tile t from its Sᵀ (keys x queries) and the slot's LSE': the Triton
-        launch's one-exponential form (``_dkdv_tiles`` with P_FIXED), the same fp32 operations."""
+        launch's one-exponential form (``_dkdv_tiles`` with P_FIXED), the same fp32 operations.
+        Sᵀ's factor: ``s_mul`` (QDO_HEAD), else one per query from the slot's ``sf_slot``."""
         cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         lse2 = lse_slot.load(cols) - 8.807354922057604  # log2 448: Pᵀ comes out as 448·Pᵀ
-        pt = gl.exp2(st * s_mul - gl.expand_dims(lse2, 0))
+        if QDO_HEAD:
+            pt = gl.exp2(st * s_mul - gl.expand_dims(lse2, 0))
+        else:
+            pt = gl.exp2(st * gl.expand_dims(sf_slot.load(cols), 0) - gl.expand_dims(lse2, 0))
         if MASKED:
             pos_q = t * BLOCK_Q + gl.arange(0, BLOCK_Q, layout=cols)
             vis = gl.expand_dims(pos_q, 0) >= gl.expand_dims(keys, 1)
@@ -185,16 +200,23 @@ if gluon is not None:
         return pt
 
     @gluon.jit
-    def _dst_codes(pt, dpt, dl_slot, ds_mul, s_layout: gl.constexpr, pa_layout: gl.constexpr):
-        """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') · ds_mul, in the A-operand layout of the dK product."""
-        delta = dl_slot.load(gl.SliceLayout(0, s_layout))
-        dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
+    def _dst_codes(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr,
+                   pa_layout: gl.constexpr):
+        """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') times its factor, in the A-operand layout of the dK
+        product; the factor ``ds_mul`` (QDO_HEAD), else one per query from the slot's ``dsf_slot``."""
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        delta = dl_slot.load(cols)
+        if QDO_HEAD:
+            dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
+        else:
+            dst = pt * (dpt - gl.expand_dims(delta, 0)) * gl.expand_dims(dsf_slot.load(cols), 0)
         return gl.convert_layout(dst.to(gl.float8e4nv), pa_layout)
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
-                        ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr, BLOCK_Q: gl.constexpr,
-                        STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+                        sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr,
+                        QDO_HEAD: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                        pa_layout: gl.constexpr):
         """Query tiles t_a <= t < t_b of one query head (ring index i0 + t − t_a) into one
         warpgroup's dK and dV: the Triton launch's one-exponential form (``_dkdv_tiles`` with
         COMPUTE_DK, COMPUTE_DV and P_FIXED), the same fp32 operations per element."""
@@ -206,11 +228,13 @@ if gluon is not None:
             st = warpgroup_mma(k_reg, q_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_reg, do_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-            pt = _pt_tile(st, t, lse_smem.index(slot), keys, s_mul, MASKED, BLOCK_Q, s_layout)
+            pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
+                          s_layout)
             p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)  # cvt.rn.satfinite, as cast_saturating
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), ds_mul, s_layout, pa_layout)
+            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
+                             pa_layout)
             dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -218,9 +242,9 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer_tiles_merged(t_a, t_b, i0, i_last, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
-                               lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr,
-                               BLOCK_Q: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                               pa_layout: gl.constexpr):
+                               lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
+                               MASKED: gl.constexpr, QDO_HEAD: gl.constexpr, BLOCK_Q: gl.constexpr,
+                               STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
         """:func:`_consumer_tiles` with one wait per tile: ``st``, ``dpt`` are tile t_a's Sᵀ and dP'ᵀ,
         complete; tile t's dV and dK products and the next ring tile's Sᵀ and dP'ᵀ (ring index i + 1,
         whichever head it belongs to; the last tile, ``i_last``, repeats its own, which it discards:
@@ -230,10 +254,12 @@ if gluon is not None:
         for t in range(t_a, t_b):
             i = i0 + t - t_a
             slot = i % STAGES
-            pt = _pt_tile(st, t, lse_smem.index(slot), keys, s_mul, MASKED, BLOCK_Q, s_layout)
+            pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
+                          s_layout)
             p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
-            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), ds_mul, s_layout, pa_layout)
+            ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
+                             pa_layout)
             dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
             j = gl.minimum(i + 1, i_last)
             mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)  # done already where j == i
@@ -245,11 +271,11 @@ if gluon is not None:
         return dk, dv, st, dpt
 
     @gluon.jit
-    def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
-                  QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                  t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
-                  D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, KV_REGS: gl.constexpr,
-                  MERGED: gl.constexpr, STAGES: gl.constexpr):
+    def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem, kv_bar,
+                  ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0,
+                  n0, t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
+                  D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, QDO_HEAD: gl.constexpr,
+                  KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
         their dK and dV."""
         s_layout: gl.constexpr = mma_layout(BLOCK_Q)
@@ -276,10 +302,14 @@ if gluon is not None:
             st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
         for g in range(G):
             bh_q = bh_q0 + g
-            # The Triton launch's per-head factors (bwd_dkdv_fp8_kernel, QDO_HEAD and DS_HEAD), in its order.
-            s_mul = gl.load(QRS + bh_q * SQ) * sk
-            ds_scale = ds_head_scale(DS_BOUND, seq * H + h0 + g, POW2)
-            ds_mul = ((gl.load(DORS + bh_q * SQ) * sv) * (1.0 / 448.0)) * gl.div_rn(1.0, ds_scale)
+            # The Triton launch's per-head factors (bwd_dkdv_fp8_kernel, QDO_HEAD and DS_HEAD), in its order;
+            # without QDO_HEAD the producer forms them per query, with Q's and dO's row scales.
+            s_mul = 1.0
+            ds_mul = 1.0
+            if QDO_HEAD:
+                s_mul = gl.load(QRS + bh_q * SQ) * sk
+                ds_scale = ds_head_scale(DS_BOUND, seq * H + h0 + g, POW2)
+                ds_mul = ((gl.load(DORS + bh_q * SQ) * sv) * (1.0 / 448.0)) * gl.div_rn(1.0, ds_scale)
             # Rescale by the previous head's channel factors over this head's (1 before the first head),
             # one accumulator at a time: four D-channel vectors live beside dK and dV made the
             # consumers spill.
@@ -295,20 +325,20 @@ if gluon is not None:
                 if CAUSAL:  # as below
                     dk, dv, st, dpt = _consumer_tiles_merged(
                         t_lo, t_m, i0, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
-                        lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, True, BLOCK_Q, STAGES, s_layout,
-                        pa_layout)
+                        lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, True, QDO_HEAD,
+                        BLOCK_Q, STAGES, s_layout, pa_layout)
                 dk, dv, st, dpt = _consumer_tiles_merged(
                     t_m, t_hi, i0 + t_m - t_lo, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem,
-                    dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False, BLOCK_Q, STAGES, s_layout,
-                    pa_layout)
+                    dot_smem, lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, False,
+                    QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
             elif CAUSAL:  # the program's diagonal tiles, masked; then every later query tile sees every key
                 dk, dv = _consumer_tiles(t_lo, t_m, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
-                                         lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, True, BLOCK_Q, STAGES,
-                                         s_layout, pa_layout)
+                                         lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
+                                         True, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
             if not MERGED:
                 dk, dv = _consumer_tiles(t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem,
-                                         dot_smem, lse_smem, dl_smem, ready, empty, keys, s_mul, ds_mul, False,
-                                         BLOCK_Q, STAGES, s_layout, pa_layout)
+                                         dot_smem, lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul,
+                                         ds_mul, False, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
         last = seq * H + h0 + G - 1
         dk = (dk * gl.expand_dims(_channel_factor(QCS, DS_BOUND, bh_q0 + G - 1, last, NT_Q, True, True, D, POW2, vec),
                                   0)) * tau
@@ -324,14 +354,15 @@ if gluon is not None:
         q_desc, do_desc,  # row-wise codes of Q and dO: (B·Hq·Sq, D), boxes (BLOCK_Q, D)
         qt_desc, dot_desc,  # channel-wise transposed codes: (B·Hq·D, Sq_pad), boxes (D, BLOCK_Q)
         k_desc, v_desc,  # row-wise codes of K and V: (B·Hkv·Sk, D), boxes (HALF_K, D)
-        QRS, KRS, VRS, DORS,  # (B, H, S) fp32 row scales, one value per head
+        QRS, KRS, VRS, DORS,  # (B, H, S) fp32 row scales (K's and V's one per head; Q's and dO's with QDO_HEAD)
         QCS, DOCS,  # (B, Hq, NT_Q, D) fp32 channel scales, the sequence's in tile 0
         LSE2, DELTA,  # (B·Hq, Sq) fp32: LSE' and D'
         DS_BOUND,  # (B·Hq,) int32: the bits of each query head's fp32 dS bound
         DK, DV,  # (B, Hkv, Sk, D) in the input dtype
         H, G, SQ, SK, NT_Q, qk_scale, tau,
         BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        QDO_HEAD: gl.constexpr, KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
         BLOCK_K: gl.constexpr = 2 * HALF_K
@@ -363,19 +394,26 @@ if gluon is not None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2] + v_desc.block_type.shape, v_desc.layout)
         lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
         dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_Q], vec_layout)
+        # Sᵀ's and dSᵀ's per-query factors per ring slot (one slot, never written, with QDO_HEAD)
+        RS_SLOTS: gl.constexpr = 1 if QDO_HEAD else STAGES
+        sf_smem = gl.allocate_shared_memory(gl.float32, [RS_SLOTS, BLOCK_Q], vec_layout)
+        dsf_smem = gl.allocate_shared_memory(gl.float32, [RS_SLOTS, BLOCK_Q], vec_layout)
         # ready: the producer's expect and its stores of LSE' and D'
         kv_bar, ready, empty = ring_barriers(STAGES, 2)
 
         gl.warp_specialize([
-            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
-                         QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, MERGED, STAGES)),
-            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty,
-                         QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0, n0,
-                         t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, KV_REGS, MERGED, STAGES)),
+            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem,
+                         kv_bar, ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G,
+                         SQ, NT_Q, row_k0, n0, t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, QDO_HEAD,
+                         KV_REGS, MERGED, STAGES)),
+            (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem,
+                         kv_bar, ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G,
+                         SQ, NT_Q, row_k0, n0, t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, QDO_HEAD,
+                         KV_REGS, MERGED, STAGES)),
             (_producer, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem,
-                         k_smem, v_smem, lse_smem, dl_smem, kv_bar, ready, empty, LSE2, DELTA, bh_q0, G, SQ,
-                         row_k0, n0, t_lo, t_hi, BLOCK_Q, HALF_K, D, STAGES)),
+                         k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem, kv_bar, ready, empty, LSE2, DELTA,
+                         QRS, DORS, DS_BOUND, sk, sv, seq, h0, H, bh_q0, G, SQ, row_k0, n0, t_lo, t_hi, BLOCK_Q,
+                         HALF_K, D, POW2, STAGES, QDO_HEAD)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

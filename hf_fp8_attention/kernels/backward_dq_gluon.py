@@ -1,4 +1,4 @@
-"""The fast recipes' dQ launch on Hopper, written in Gluon and warp-specialised.
+"""The block-free recipes' dQ launch on Hopper, written in Gluon and warp-specialised.
 
 It computes what ``bwd_dq_fp8_kernel`` (backward_fp8.py) computes in its dQ launch (GRADS after
 the statistics launch, ``ds_scales="head"``), from the same FP8 copies, statistics and scales, and
@@ -16,7 +16,8 @@ every key tile, each holding its Q and dO codes in registers (the A operands of 
 memory, with 64- or 128-key tiles.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
-Scope (:func:`scope_reason`): the fast recipes in E4M3, head dim 128, dense batches, query lengths
+Scope (:func:`scope_reason`): the block-free recipes (``fp8_delta``, ``fp8_delta_fast``, their stale
+twins; Q's and dO's scales are per row here, so per token or per head alike) in E4M3, head dim 128, dense batches, query lengths
 a multiple of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap or
 K-smoothing row constant, no debug row sums.
 """
@@ -70,7 +71,7 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
     (backward.py's ``_launch_fp8``):
 
     - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs`` (B, Hq, Sq) fp32:
-      Q's scales (one per head, repeated per token);
+      Q's scales (per token, or one per head repeated per token);
     - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs`` (B, Hkv, Sk) fp32: K's and V's codes, K's
       scales; ``kct`` (B, Hkv, 128, Sk_pad) e4m3: K's channel-wise transposed codes, ``kcs``
       (B, Hkv, n_tiles, 128) fp32 their channel scales (the sequence's, in tile 0);

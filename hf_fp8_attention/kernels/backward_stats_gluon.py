@@ -1,4 +1,4 @@
-"""The fast recipe's statistics launch on Hopper, written in Gluon and warp-specialised.
+"""The matched block-free recipes' statistics launch on Hopper, written in Gluon and warp-specialised.
 
 It computes what ``bwd_dq_fp8_kernel`` (backward_fp8.py) computes in its statistics launch (STATS
 without GRADS, matched delta, ``ds_scales="head"``), from the same FP8 copies and scales: per query
@@ -16,8 +16,8 @@ in registers (the A operands of S and dP). Each warpgroup issues a key tile's S 
 folds the previous tile into its statistics (``PIPELINED``), two tiles per loop iteration so that
 the products alternate between two sets of registers.
 
-Scope (:func:`scope_reason`): ``fp8_delta_fast`` (the matched delta: the stale twin's statistics
-need D from the unquantized dO and O), E4M3, head dim 128, dense batches, query lengths a multiple
+Scope (:func:`scope_reason`): ``fp8_delta`` and ``fp8_delta_fast`` (the matched delta: the stale
+twins' statistics need D from the unquantized dO and O; Q's and dO's scales are per row here), E4M3, head dim 128, dense batches, query lengths a multiple
 of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap, sinks or
 K-smoothing row constant. ``backward.LAUNCH["gluon_dq_stats"]`` lists the head dims it runs at.
 """
@@ -73,11 +73,11 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds_bound, *, groups: int, qk_scale: float,
            causal: bool) -> None:
-    """The statistics of ``fp8_delta_fast``'s backward (see the module docstring), after its
+    """The statistics of a matched block-free backward (see the module docstring), after its
     quantization launches:
 
     - ``qr``, ``dor`` (B, Hq, Sq, 128) e4m3: row-wise codes of Q and dO; ``qrs``, ``dors`` (B, Hq, Sq)
-      fp32: their scales (one per head, repeated per token);
+      fp32: their scales (per token, or one per head repeated per token);
     - ``kr``, ``vr`` (B, Hkv, Sk, 128) e4m3 and ``krs``, ``vrs`` (B, Hkv, Sk) fp32: K's and V's;
     - ``lse2``, ``lse2do``, ``delta`` (B·Hq, Sq) fp32: filled; ``ds_bound`` (B·Hq,) int32, zeros on
       entry: each query head's dS bound, as fp32 bits.

@@ -82,7 +82,7 @@ from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_f
 from . import forward_gluon
 from .gluon_hopper import gluon_runs
 
-# The fast recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
+# The block-free recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
 # it applies, at these head dims; elsewhere _fwd_kernel.
 GLUON_FORWARD = (128, )
 

@@ -1,7 +1,8 @@
-"""The fast recipes' forward on Hopper, written in Gluon and warp-specialised.
+"""The block-free recipes' forward on Hopper, written in Gluon and warp-specialised.
 
-It computes what ``_fwd_kernel`` (forward.py) computes for the fast recipes (``fp8_delta_fast``,
-``fp8_stale_fast``: Q and K with one scale per (sequence, head), so K_HEAD; V with one channel scale
+It computes what ``_fwd_kernel`` (forward.py) computes for the block-free recipes (``fp8_delta``,
+``fp8_stale`` and their fast twins: K with one scale per (sequence, head), so K_HEAD, Q's per token
+or per (sequence, head), a per-row factor either way; V with one channel scale
 vector per (sequence, head), so V_SEQ), from the same FP8 copies and with the same fp32 operations
 per score, in the same order: per 128-key tile T, with x = Qc Kcᵀ (the raw code products),
 
@@ -22,7 +23,7 @@ together and waits for both at once (``MERGED_WAITS``), so the tensor cores get 
 one warpgroup while the other works on its scores.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
-Scope (:func:`scope_reason`): the fast recipes in E4M3, key tiles of 128 (``config.block_k``,
+Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 (``config.block_k``,
 which sets the codes of P), head dim 128, dense batches, query and key lengths multiples of 128,
 causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row constant.
 ``forward.GLUON_FORWARD`` lists the head dims it runs at.
@@ -87,8 +88,8 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     FP8 copies (forward.py's ``triton_forward``):
 
     - ``q_codes`` (B, Hq, Sq, 128) e4m3 and ``q_scales`` (B, Hq, Sq) fp32: Q's rotated codes and
-      scales (one per head, repeated per token);
-    - ``k_codes`` (B, Hkv, Sk, 128) e4m3 and ``k_scales`` (B, Hkv, Sk) fp32: K's, alike;
+      scales (per token, or one per head repeated per token);
+    - ``k_codes`` (B, Hkv, Sk, 128) e4m3 and ``k_scales`` (B, Hkv, Sk) fp32: K's, one per head;
     - ``vt_codes`` (B, Hkv, 128, Sk_pad) e4m3: V's channel-wise transposed codes, ``v_scales``
       (B, Hkv, n_tiles, 128) fp32 their channel scales (the sequence's, in tile 0).
 

@@ -5,10 +5,10 @@ FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluo
 ring barriers, the consumers' register layouts, and the query-side programs' (forward, dQ,
 statistics) grid mapping and producer warp.
 
-The kernels run the block-free fast recipes (``fp8_delta_fast``, ``fp8_stale_fast``: one scale
-per (sequence, head) for Q, K, V and dO, channel scales per sequence, P on the fixed grid, dS one
-scale per query head) on dense batches, and compute what the Triton launches they replace compute,
-from the same FP8 copies, statistics and scales.
+The kernels run the block-free recipes (``fp8_delta``, ``fp8_stale`` and their fast twins: one
+scale per (sequence, head) for K and V, per token or per (sequence, head) for Q and dO, channel
+scales per sequence, P on the fixed grid, dS one scale per query head) on dense batches, and compute
+what the Triton launches they replace compute, from the same FP8 copies, statistics and scales.
 """
 from __future__ import annotations
 
@@ -44,10 +44,13 @@ def recipe_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8Att
     """None when the call is one the Gluon kernels are written for (recipe, formats, logit
     modifiers, dense batch, 32-bit TMA coordinates), else why not (one short phrase). ``shape_q``
     (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``'s constexprs."""
-    if not (config.qdo_scales is Granularity.HEAD and config.kv_scales is Granularity.HEAD
-            and config.channel_scales is not Granularity.TILE and config.p_scales is PScaling.FIXED
-            and config.ds_scales is Granularity.HEAD):
-        return "a recipe other than the fast ones"
+    per_tile = [f"{name}={value.value!r}" for name, value, ok in (
+        ("kv_scales", config.kv_scales, config.kv_scales is Granularity.HEAD),
+        ("channel_scales", config.channel_scales, config.channel_scales is not Granularity.TILE),
+        ("p_scales", config.p_scales, config.p_scales is PScaling.FIXED),
+        ("ds_scales", config.ds_scales, config.ds_scales is Granularity.HEAD)) if not ok]
+    if per_tile:
+        return f"a recipe with {', '.join(per_tile)}"
     if any(f is not FP8Format.E4M3 for f in (config.q_format, config.k_format, config.v_format, config.do_format,
                                             config.ds_format)):
         return "a format other than E4M3"
