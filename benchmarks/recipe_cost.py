@@ -6,8 +6,8 @@ changed at a time (transforms off, per-tile channel scales, ...), at one shape, 
 
 ``--kernels``: for the named variants (or named recipes, ``RECIPES``), the GPU time of every kernel
 of one forward and of one forward+backward (torch.profiler, mean over 10 calls after warm-up),
-SDPA's cuDNN backend beside. The variant ``fast`` is ``fp8_delta`` with the fast recipe's operand
-granularities but per-tile dS scales; ``fp8_delta_fast`` is the recipe itself.
+SDPA's cuDNN backend beside. The variant ``fast`` is ``fp8_delta_fast``, ``token`` is
+``fp8_delta_token``.
 """
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ VARIANTS = {
     "no_hadamard": {"hadamard": False},
     "no_smooth_k": {"smooth_k": False},
     "no_transforms": {"hadamard": False, "smooth_k": False},
-    "tile_channels_no_transforms": {"hadamard": False, "smooth_k": False, "channel_scales": "tile"},
-    "fast": {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed"},
-    "fast_no_transforms": {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-                           "hadamard": False, "smooth_k": False},
+    "kv_per_token": {"kv_scales": "token"},
+    "p_ds_per_tile": {"p_scales": "tile", "ds_scales": "tile"},
+    "token": {"kv_scales": "token", "p_scales": "tile", "ds_scales": "tile"},  # fp8_delta_token
+    "tile_channels_no_transforms": {"kv_scales": "token", "p_scales": "tile", "ds_scales": "tile",
+                                    "hadamard": False, "smooth_k": False, "channel_scales": "tile"},
+    "fast": {"qdo_scales": "head", "channel_scales": "head"},  # fp8_delta_fast
+    "fast_no_transforms": {"qdo_scales": "head", "channel_scales": "head", "hadamard": False, "smooth_k": False},
 }
 
 

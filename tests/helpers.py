@@ -17,12 +17,14 @@ from hf_fp8_attention.config import FP8AttentionConfig
 from hf_fp8_attention.diagnostics import FP8_ERROR_BUDGET as BUDGET
 from hf_fp8_attention.diagnostics import HYBRID_MATCHED_GRAD_BUDGET  # noqa: F401 (re-exported for tests)
 
-# The recipes the Gluon kernels run (tests/gpu/test_gluon_*.py): the fast ones with either delta, and
-# the matched one with power-of-two scales.
+# The recipes the Gluon kernels run (tests/gpu/test_gluon_*.py): the fast ones with either delta, the
+# matched one with power-of-two scales, and the default ones (Q and dO per token) with either delta.
 GLUON_RECIPES = {
     "fp8_delta_fast": FP8AttentionConfig.from_recipe("fp8_delta_fast"),
     "fp8_stale_fast": FP8AttentionConfig.from_recipe("fp8_stale_fast"),
     "fp8_delta_fast+pow2": FP8AttentionConfig.from_recipe("fp8_delta_fast", pow2_scales=True),
+    "fp8_delta": FP8AttentionConfig.from_recipe("fp8_delta"),
+    "fp8_stale": FP8AttentionConfig.from_recipe("fp8_stale"),
 }
 
 

@@ -243,3 +243,18 @@ def noise_bounds(q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, *, s
         "dq": flip_bound(base["dq"], ds_stats, ds_share, ds_bits),
         "dk": flip_bound(base["dk"], ds_stats, ds_share, ds_bits),
     }
+
+
+def grad_bounds(errors: dict, q, k, v, dout, mask: MaskSpec, config: FP8AttentionConfig, *, scale: float,
+                grad_rel: float) -> dict:
+    """The bounds on gradient errors ``errors`` ({"dq" | "dk" | "dv": relative error}) for one
+    problem (q/dout ``(B, Hq, Sq, D)``, k/v ``(B, Hkv, Sk, D)``, on the CPU): ``grad_rel`` where
+    every error is within it, else :func:`noise_bounds`' with the accumulator model (never below
+    ``grad_rel``), so that a problem more sensitive than the reference to the accumulation noise
+    gets its own bound. The same test as always taking the model's, which costs seconds per problem
+    on the CPU."""
+    if all(e <= grad_rel for e in errors.values()):
+        return dict.fromkeys(errors, grad_rel)
+    model = noise_bounds(q, k, v, dout, mask, config, scale=scale, o_rel=grad_rel, lse_abs=1.0, grad_rel=grad_rel,
+                         accumulator_model=True)
+    return {name: model[name] for name in errors}

@@ -79,6 +79,10 @@ def _assert_near_emulation(grads, ref):
 # The fast recipes' scale options (config.RECIPES["fp8_delta_fast"]) as config keywords.
 FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
                "ds_scales": "head"}
+# fp8_delta_token's (K and V per token, P and dS per tile) and the first release's recipe (also per-tile
+# channel scales, no transforms: the only one the in-register FP8 kernels run).
+TOKEN_RECIPE = {"kv_scales": "token", "p_scales": "tile", "ds_scales": "tile"}
+TILE_RECIPE = {**TOKEN_RECIPE, "channel_scales": "tile", "smooth_k": False, "hadamard": False}
 CASES = {
     # name: ((B, Hq, Hkv, Sq, Sk, D), mask kwargs, config overrides)
     "dense": ((1, 2, 1, 32, 32, 64), {}, {}),
@@ -95,10 +99,14 @@ CASES = {
     # The recipes' other scale granularities (the default above: per-token rows, sequence channels).
     "fast_recipe_gqa_varlen": ((1, 2, 1, 40, 40, 96), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])}, FAST_RECIPE),
     "fast_recipe_stale": ((1, 2, 1, 20, 24, 64), {"causal": True}, {**FAST_RECIPE, "delta": "stale"}),
-    "tile_recipe": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
+    "tile_recipe": ((1, 2, 1, 17, 36, 64), {"causal": True}, TILE_RECIPE),
+    # fp8_delta_token: K and V per token, P and dS per tile, sequence channel scales, both transforms.
+    "token_recipe_gqa_varlen": ((1, 2, 1, 40, 40, 64), {"causal": True, "cu": ([0, 7, 40], [0, 7, 40])},
+                                TOKEN_RECIPE),
     # dS with one scale per (sequence, head) beside per-tile channel scales (dQ and dK then keep a
     # product per tile), GQA's per-head rescale; and with a window, the stale delta's bound pass.
-    "ds_head_tile_channels": ((1, 2, 1, 17, 36, 64), {"causal": True}, {"channel_scales": "tile", "ds_scales": "head"}),
+    "ds_head_tile_channels": ((1, 2, 1, 17, 36, 64), {"causal": True}, {**TOKEN_RECIPE, "channel_scales": "tile",
+                                                                          "ds_scales": "head"}),
     "ds_head_window_stale": ((2, 1, 1, 19, 19, 96), {"window": 5}, {"ds_scales": "head", "delta": "stale"}),
     # Head dim 256: dQ, dK and dV in two 128-channel blocks per tile (LAUNCH_D256["channel_block"]),
     # with each recipe's channel scales (per sequence, per tile, per head), the stale delta's fused
@@ -108,8 +116,7 @@ CASES = {
     "causal_gqa_d256": ((1, 2, 1, 20, 20, 256), {"causal": True}, {}),
     "stale_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"delta": "stale"}),
     "fast_recipe_d256": ((1, 1, 1, 20, 20, 256), {"causal": True}, FAST_RECIPE),
-    "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True},
-                         {"channel_scales": "tile", "smooth_k": False, "hadamard": False}),
+    "tile_recipe_d256": ((1, 2, 1, 17, 36, 256), {"causal": True}, TILE_RECIPE),
     "hybrid_matched_d256": ((1, 2, 1, 20, 24, 256), {"causal": True}, {"backward": "bf16"}),
     # dq_in_stats: the statistics and dQ in one sweep (bwd_dq_fp8_kernel's ONE_SWEEP), on the fast
     # recipe's free tiles, packed; with per-token Q/dO, sequence channel scales and per-tile dS on
@@ -117,12 +124,10 @@ CASES = {
     "dq_in_stats_fast_varlen": ((1, 1, 1, 24, 24, 64), {"causal": True, "cu": ([0, 7, 24], [0, 7, 24])},
                                 {**FAST_RECIPE, "dq_in_stats": True}),
     "dq_in_stats_token_rows_gqa": ((1, 2, 1, 17, 36, 64), {"causal": True},
-                                   {"kv_scales": "head", "p_scales": "fixed", "dq_in_stats": True}),
+                                   {"ds_scales": "tile", "dq_in_stats": True}),
     "dq_in_stats_window": ((1, 1, 1, 19, 19, 64), {"window": 5}, {**FAST_RECIPE, "dq_in_stats": True}),
     "dq_in_stats_d256": ((1, 1, 1, 20, 20, 256), {"causal": True}, {**FAST_RECIPE, "dq_in_stats": True}),
 }
-# The in-register FP8 kernels run the first release's recipe only.
-TILE_RECIPE = {"channel_scales": "tile", "smooth_k": False, "hadamard": False}
 
 
 @pytest.fixture(params=["prequant", "prequant_fused", "inregister"])
@@ -260,8 +265,12 @@ def test_debug_variant_returns_the_same_gradients():
 
 
 def test_nan_input_is_not_hidden():
+    """P per tile (fp8_delta_token): the interpreter's fp32 -> FP8 cast turns NaN into a finite code
+    (384), so a NaN reaches dV through P's tile scale here, not through its code; with P on the
+    fixed grid it travels in the code itself, which the GPU's cast keeps NaN
+    (tests/gpu/test_backward_kernel.py::test_nan_in_q_reaches_every_gradient_it_touches)."""
     q, k, v, do = _inputs(1, 1, 1, 16, 16, 64, seed=3)
-    config = FP8AttentionConfig(**TILES)
+    config = FP8AttentionConfig(**TILES, **TOKEN_RECIPE)
     mask = _mask()
     out, lse = reference.emulated_forward(q, k, v, scale=0.125, mask=mask, config=config)
     q[0, 0, 5, 7] = float("nan")
@@ -340,7 +349,10 @@ def test_prequant_interior_and_boundary_tiles(name, monkeypatch):
     for table in (kernels.LAUNCH, kernels.LAUNCH_D256):
         monkeypatch.setitem(table, "free_tile", {"dq": bm, "dq_stats": bm, "dkdv": bn, "dk": bn, "dv": bn})
     counts = _count_tiles(monkeypatch)
-    (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), FP8AttentionConfig(**TILES), seed=1)
+    # a recipe with per-tile P and dS (fp8_delta_token): block-free ones take LAUNCH["block_free"]'s
+    # tiles instead (test_block_free_recipe_tiles_freely)
+    config = FP8AttentionConfig(**TILES, **TOKEN_RECIPE)
+    (dq, dk, dv), ref = _run(shape, _mask(**mask_kw), config, seed=1)
     for loop in TILE_LOOPS:
         assert counts[loop, False] > 0 and counts[loop, True] > 0, dict(counts)
     _assert_near_emulation((dq, dk, dv), ref)

@@ -1,4 +1,4 @@
-"""Where the fast recipes' Gluon kernels run (CPU; their numerics are checked on a Hopper GPU by
+"""Where the Gluon kernels run (CPU; their numerics are checked on a Hopper GPU by
 tests/gpu/test_gluon_backward.py and tests/gpu/test_gluon_forward.py), and that they build for sm_90a
 with this machine's Triton."""
 from __future__ import annotations
@@ -39,6 +39,8 @@ LAYERED = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_
 @pytest.mark.parametrize("module", MODULES)
 def test_in_scope(module):
     assert _reason(module=module) is None
+    # the default recipe: Q's and dO's scales per token (per-row factors in every kernel)
+    assert _reason(config=FP8AttentionConfig.from_recipe("fp8_delta"), module=module) is None
     # Sq < Sk without a causal mask
     assert _reason(shape_q=(1, 2, 128, 128), shape_k=(1, 2, 256, 128), mask=MaskSpec(), module=module) is None
 
@@ -75,8 +77,9 @@ def test_scopes_differ_in_head_dims_and_lengths():
 
 @pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("change, words", [
-    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta")), "recipe"),
-    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta_tile")), "recipe"),
+    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta_token")), "recipe with kv_scales='token'"),
+    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta_tile")), "channel_scales='tile'"),
+    (dict(config=FP8AttentionConfig.from_recipe("fp8_delta", ds_scales="tile")), "recipe with ds_scales='tile'"),
     (dict(config=FAST.replace(do_format=FP8Format.E5M2)), "format"),
     (dict(mods={"SOFTCAP": True}), "soft-capping"),
     (dict(mods={"ROW_SHIFT": True}), "row constant"),

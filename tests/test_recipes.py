@@ -170,16 +170,20 @@ def test_recipe_fields_are_validated():
     with pytest.raises(ValueError, match="dq_in_stats must be a bool"):
         FP8AttentionConfig(dq_in_stats="yes")
     with pytest.raises(ValueError, match=r"dq_in_stats=True needs .*got kv_scales='token', p_scales='tile'$"):
-        RECIPES["fp8_delta"].replace(dq_in_stats=True)
+        RECIPES["fp8_delta_token"].replace(dq_in_stats=True)
+    assert RECIPES["fp8_delta"].replace(dq_in_stats=True).dq_in_stats
     with pytest.raises(ValueError, match=r"got delta='stale'$"):
         RECIPES["fp8_stale_fast"].replace(dq_in_stats=True)
-    with pytest.raises(ValueError, match=r"got backward='bf16', kv_scales='token', p_scales='tile'$"):
+    with pytest.raises(ValueError, match=r"got backward='bf16'$"):
         RECIPES["hybrid_delta"].replace(dq_in_stats=True)
     assert RECIPES["fp8_delta_fast"].replace(dq_in_stats=True).dq_in_stats
     fast = RECIPES["fp8_delta_fast"]
     assert (fast.qdo_scales, fast.kv_scales, fast.channel_scales, fast.p_scales, fast.ds_scales) == (
         Granularity.HEAD, Granularity.HEAD, Granularity.HEAD, PScaling.FIXED, Granularity.HEAD)
     assert FP8AttentionConfig() == RECIPES["fp8_delta"]
+    default = RECIPES["fp8_delta"]
+    assert (default.qdo_scales, default.kv_scales, default.channel_scales, default.p_scales, default.ds_scales) == (
+        Granularity.TOKEN, Granularity.HEAD, Granularity.CHANNEL, PScaling.FIXED, Granularity.HEAD)
 
 
 @pytest.mark.parametrize("delta", ["matched", "stale"])

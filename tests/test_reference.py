@@ -185,7 +185,7 @@ def test_huge_logits_keep_rows_normalised(a):
     every P code is 448 and every V code exact, so the output is 1 to fp32 rounding."""
     q = torch.full((1, 2, 70, 64), a)
     v = torch.ones(1, 2, 70, 64)
-    config = FP8AttentionConfig(backend="emulation", channel_scales="tile", smooth_k=False, hadamard=False)
+    config = FP8AttentionConfig.from_recipe("fp8_delta_tile", backend="emulation")
     q_, k_ = q.clone().requires_grad_(True), q.clone().requires_grad_(True)
     out = fp8_attention(q_, k_, v, causal=True, config=config)
     assert (out - 1).abs().max() < 1e-5
@@ -197,7 +197,7 @@ def test_fp16_inputs_near_the_top_of_the_range_give_no_inf():
     """q = k = v = 6e4 in fp16 (logits 2.9e10): the output is v, finite (SDPA gives 6e4)."""
     x = torch.full((1, 1, 64, 64), 6e4, dtype=torch.float16)
     for config in (FP8AttentionConfig(backend="emulation"),
-                   FP8AttentionConfig(backend="emulation", channel_scales="tile", smooth_k=False, hadamard=False)):
+                   FP8AttentionConfig.from_recipe("fp8_delta_tile", backend="emulation")):
         out = fp8_attention(x, x, x, causal=True, config=config)
         assert torch.isfinite(out).all()
         assert (out.float() - 6e4).abs().max() <= 32  # fp16's spacing at 6e4

@@ -32,7 +32,8 @@ KERNEL_VS_EMULATION = 1e-4  # test_backward_interpreter
 TILES = dict(block_q=16, block_k=16)
 SOFTCAP = 2.0  # logits of these inputs reach ~±6 (log2 units ~±9): most are bent
 FAST = dict(qdo_scales="head", kv_scales="head", channel_scales="head", p_scales="fixed")
-TILE_RECIPE = dict(channel_scales="tile", smooth_k=False, hadamard=False)
+TILE_RECIPE = dict(kv_scales="token", channel_scales="tile", p_scales="tile", ds_scales="tile", smooth_k=False,
+                   hadamard=False)
 # Packed: sequence 0 has 10 queries and no key (with sinks: all mass on the sink), 4 tokens after
 # the last sequence belong to none.
 KEYLESS = ([0, 10, 36], [0, 0, 26])

@@ -126,10 +126,13 @@ def test_recipes_match_emulation(config, d):
 
 
 @pytest.mark.parametrize("d", [128, 256])
-@pytest.mark.parametrize("config", [MATCHED, STALE], ids=["matched", "stale"])
+@pytest.mark.parametrize("config", [FP8AttentionConfig.from_recipe("fp8_delta_token"),
+                                    FP8AttentionConfig.from_recipe("fp8_stale_token")], ids=["matched", "stale"])
 def test_split_and_fused_launches_give_identical_gradients(config, d, monkeypatch):
     """The default launches (LSE'/D, dQ, dK, dV separately) and the fused ones compute every element
-    with the same operations: identical gradients, as compiled for this GPU too. At head dim 256 the
+    with the same operations: identical gradients, as compiled for this GPU too. (So with P per tile:
+    on the fixed grid the fused dK/dV launch forms dS from dV's 448·Pᵀ, one exponential per element,
+    where the dK launch alone takes its own, so there dK differs by rounding.) At head dim 256 the
     table gives the statistics launch tiles of its own (64 rows on 4 warps against dQ's 128 on 8),
     whose row sums round in another order (the H200 saw dQ differ); here it takes dQ's shape, so
     that only the fusion differs."""
@@ -203,6 +206,22 @@ def test_rows_without_keys_get_zero_gradients_and_no_nan():
         ref = emulated_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
         for x, r in zip((dq, dk, dv), ref):
             assert rel_err(x, r) <= GRAD_REL
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_stale"])
+def test_nan_in_q_reaches_every_gradient_it_touches(recipe):
+    """One NaN element of Q (non-causal, so its query row sees every key): its dQ row, and through
+    its P row every dV row and through dS's scale of the head every dK row, are NaN; no
+    gradient hides it. (Under the interpreter, whose fp32 -> FP8 cast turns NaN into a finite code,
+    the fixed-grid P cannot carry it: tests/test_backward_interpreter.py.)"""
+    config = FP8AttentionConfig.from_recipe(recipe)
+    mask = _mask()
+    q, k, v, do, out, lse, scale = _setup(1, 1, 1, 256, 256, 128, mask, config, seed=6)
+    q[0, 0, 5, 7] = float("nan")
+    dq, dk, dv = _kernels().triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    assert torch.isnan(dq[0, 0, 5]).all()
+    assert torch.isnan(dv).all(), "every key's dV has a NaN term P_5j dO_5"
+    assert not torch.isfinite(dk).all()
 
 
 def test_deterministic_and_strided_inputs():

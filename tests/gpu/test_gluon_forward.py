@@ -1,4 +1,4 @@
-"""The fast recipes' Gluon forward (kernels/forward_gluon.py) on a Hopper GPU.
+"""The Gluon forward (kernels/forward_gluon.py) on a Hopper GPU, for the recipes of helpers.GLUON_RECIPES.
 
 Each test first checks, by a spy on its entry point, that the Gluon kernel ran where the case is in
 its scope, so none can pass on the Triton kernel alone.
