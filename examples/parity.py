@@ -121,7 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     for phase in PHASES:
         p = sub.add_parser(phase, parents=[common], help=f"phase: {phase}")
-        p.add_argument("--modes", default=",".join(MODES), help=f"comma list of attention modes (default: all of {MODES})")
+        p.add_argument("--modes", default=",".join(MODES),
+                       help=f"comma list of attention modes: sdpa or any recipe name (default: {MODES})")
         p.add_argument("--variants", help="comma list of full,lora")
         p.add_argument("--seeds", help="comma list of model seeds (ladder default: 0,1 at the smallest size, 0 else)")
         p.add_argument("--data", help="text/JSON/CSV/Parquet file(s) or a save_to_disk dataset; default: the "
@@ -180,8 +181,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.modes = _csv(args.modes)
     args.variants = _csv(args.variants)
     for mode in args.modes:
-        if mode not in MODES:
-            raise UsageError(f"--modes: {mode!r} is not one of {', '.join(MODES)}")
+        if mode != REFERENCE and mode not in hf_fp8_attention.RECIPES:
+            raise UsageError(f"--modes: {mode!r} is not {REFERENCE} or a recipe of hf_fp8_attention.RECIPES "
+                             f"({', '.join(sorted(hf_fp8_attention.RECIPES))})")
     for variant in args.variants:
         if variant not in ("full", "lora"):
             raise UsageError(f"--variants: {variant!r} is not full or lora")
@@ -752,7 +754,7 @@ def report(args) -> dict:
                   "| mode | seeds | final held-out loss | seed spread | Δ vs sdpa | last probe grad cos | "
                   "last probe row-sum residual (median) | status |",
                   "|---|---|---|---|---|---|---|---|"]
-        for mode in [m for m in MODES if m in by_mode]:
+        for mode in [m for m in MODES if m in by_mode] + sorted(set(by_mode) - set(MODES)):
             rs = by_mode[mode]
             finals = [r["done"]["final_eval_loss"] for r in rs if r["done"]]
             mean = statistics.mean(finals) if finals else None

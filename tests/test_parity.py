@@ -126,9 +126,11 @@ def test_report_shows_unfinished_runs_and_non_finite_gradient_norms(tmp_path, en
     _synthetic_run(tmp_path, "sdpa", steps=10, norms=[1.0] * 10, done=True)
     _synthetic_run(tmp_path, "hybrid_stale", steps=6, norms=[1.0, 2.0, 1e9, float("inf"), float("nan"), 3.0],
                    done=False)
+    _synthetic_run(tmp_path, "fp8_delta_token", steps=10, norms=[1.0] * 10, done=True)  # a recipe outside MODES
     report_dir = tmp_path / "report"
     parity(["report", "--out-dir", str(tmp_path), "--report-dir", str(report_dir)], env)
     md = (report_dir / "report.md").read_text()
+    assert any(line.startswith("| fp8_delta_token | 0 | 4.2500 |") for line in md.splitlines()), md
     row = next(line for line in md.splitlines() if line.startswith("| hybrid_stale |"))
     assert "0/1 done; s0 stopped at step 6/10, held-out 4.2500 at step 6" in row
     assert (report_dir / "ladder_30m-full_grad_norm.png").stat().st_size > 1000
