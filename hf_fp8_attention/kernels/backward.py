@@ -34,13 +34,14 @@ front, and by default gives each kernel's two jobs a launch of their own (LSE'/D
 dV: see ``LAUNCH``). It forms the same dS with one operation per element fewer: dO's row scale is
 folded into LSE' and D there (see that module's docstring).
 
-With ``ds_scales="head"`` (``fp8_delta``, ``fp8_delta_fast`` and their stale twins) dS takes one scale per (sequence, query head) in both
-dQ and dK, from a bound the statistics launch forms and folds per head (the stale delta then runs
-that launch too); a recipe whose backward no block binds (``operands.backward_block_free``) takes
-its tiles from ``LAUNCH["block_free"]`` (``LAUNCH["block_free_d64"]`` overriding it up to head dim 64)
-instead of the recipe's blocks. ``config.dq_in_stats``
-forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``: dQ = A − D'·B from the forward's
-LSE, see the config's docstring), so LSE'/D and dQ no longer take two.
+With ``ds_scales="head"`` (``fp8_delta``, ``fp8_delta_fast`` and their stale twins) dS takes one
+scale per (sequence, query head) in both dQ and dK, from a bound the statistics launch forms and
+folds per head (the stale delta then runs that launch too); a recipe whose backward no block binds
+(``operands.backward_block_free``) takes its tiles from ``LAUNCH["block_free"]``
+(``LAUNCH["block_free_d64"]`` overriding it up to head dim 64) instead of the recipe's blocks.
+``config.dq_in_stats`` forms the statistics and dQ in one launch (``LAUNCH["dq_sweep"]``:
+dQ = A − D'·B from the forward's LSE, see the config's docstring), so LSE'/D and dQ no longer take
+two.
 
 On Hopper the block-free recipes' (``fp8_delta``, ``fp8_delta_fast``, their stale twins) statistics,
 dQ and fused dK/dV launches run as warp-specialised Gluon kernels

@@ -17,9 +17,9 @@ memory, with 64- or 128-key tiles.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
 Scope (:func:`scope_reason`): the block-free recipes (``fp8_delta``, ``fp8_delta_fast``, their stale
-twins; Q's and dO's scales are per row here, so per token or per head alike) in E4M3, head dim 128, dense batches, query lengths
-a multiple of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap or
-K-smoothing row constant, no debug row sums.
+twins; Q's and dO's scales are per row here, so per token or per head alike) in E4M3, head dim 128,
+dense batches, query lengths a multiple of 128 and key lengths of 64, causal only with as many
+queries as keys, no soft-cap or K-smoothing row constant, no debug row sums.
 """
 from __future__ import annotations
 

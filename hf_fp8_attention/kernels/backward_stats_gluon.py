@@ -17,9 +17,10 @@ folds the previous tile into its statistics (``PIPELINED``), two tiles per loop 
 the products alternate between two sets of registers.
 
 Scope (:func:`scope_reason`): ``fp8_delta`` and ``fp8_delta_fast`` (the matched delta: the stale
-twins' statistics need D from the unquantized dO and O; Q's and dO's scales are per row here), E4M3, head dim 128, dense batches, query lengths a multiple
-of 128 and key lengths of 64, causal only with as many queries as keys, no soft-cap, sinks or
-K-smoothing row constant. ``backward.LAUNCH["gluon_dq_stats"]`` lists the head dims it runs at.
+twins' statistics need D from the unquantized dO and O; Q's and dO's scales are per row here), E4M3,
+head dim 128, dense batches, query lengths a multiple of 128 and key lengths of 64, causal only
+with as many queries as keys, no soft-cap, sinks or K-smoothing row constant.
+``backward.LAUNCH["gluon_dq_stats"]`` lists the head dims it runs at.
 """
 from __future__ import annotations
 
