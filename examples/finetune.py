@@ -113,6 +113,7 @@ def main(argv=None) -> dict:
         disable_tqdm=args.no_progress,
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as it is, not replaced by the finite ones' mean
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                       data_collator=make_collator(tokenizer, args.packed), processing_class=tokenizer)

@@ -461,8 +461,12 @@ def train_run(spec: dict, *, make_model, train_ds, eval_ds, tokenizer, args, dea
         return "skipped"
     run_dir.mkdir(parents=True, exist_ok=True)
     run_json = run_dir / "run.json"
+    spec = {**spec, "recipe": recipe_fields(spec["mode"])}
     if run_json.exists():
         old = json.loads(run_json.read_text())
+        if "recipe" in old and old["recipe"] != spec["recipe"]:
+            raise UsageError(f"{run_dir} holds a run of {spec['mode']} under another recipe "
+                             f"({old['recipe']}); pass another --out-dir")
         if old["settings"] != spec["settings"]:
             changed = sorted(k for k in set(old["settings"]) | set(spec["settings"])
                              if old["settings"].get(k) != spec["settings"].get(k))
@@ -494,7 +498,8 @@ def train_run(spec: dict, *, make_model, train_ds, eval_ds, tokenizer, args, dea
         save_strategy="steps", save_steps=s["save_every"], save_total_limit=1, bf16=bool(args.bf16),
         **checkpointing_args(s["gradient_checkpointing"]), report_to=[], seed=spec["seed"],
         data_seed=s["data_seed"], disable_tqdm=args.no_progress, use_cpu=not on_gpu, dataloader_num_workers=0,
-        prediction_loss_only=True)
+        prediction_loss_only=True,
+        logging_nan_inf_filter=False)  # Trainer's default logs a NaN/inf step loss as the mean of the finite ones
     trainer = Trainer(model=model, args=targs, train_dataset=train_ds, eval_dataset=eval_ds, data_collator=collate,
                       callbacks=[callback])
     trainer.train(resume_from_checkpoint=last)
@@ -515,6 +520,19 @@ def train_run(spec: dict, *, make_model, train_ds, eval_ds, tokenizer, args, dea
 
 # ----------------------------------------------------------------------------------------------
 # phases
+
+
+def recipe_fields(mode: str) -> dict | None:
+    """The FP8 recipe a mode names, field by field (None for sdpa), recorded in each run.json: a
+    recipe's name outlives its settings (``fp8_delta`` took K and V per token in earlier versions)."""
+    import dataclasses
+    import enum
+
+    config = hf_fp8_attention.RECIPES.get(mode)
+    if config is None:
+        return None
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in values.items()}
 
 
 def _settings(args, **extra) -> dict:
@@ -762,7 +780,10 @@ def report(args) -> dict:
             last = probes[-1] if probes else {}
             status = "done" if len(finals) == len(rs) else f"{len(finals)}/{len(rs)} done"
             status += "".join(f"; s{r['spec']['seed']} {_progress(r)}" for r in rs if not r["done"])
-            fmt = (lambda v, f: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, f))
+            if any(not math.isfinite(v) for v in finals):
+                status += "; held-out loss not finite (diverged)"
+            # A missing value prints as —; NaN and inf print as themselves, never hidden.
+            fmt = (lambda v, f: "—" if v is None else format(v, f))
             lines.append(f"| {mode} | {','.join(str(r['spec']['seed']) for r in rs)} | {fmt(mean, '.4f')} | "
                          f"{_spread(finals)} | {fmt(mean - ref_mean if mean is not None and ref_mean is not None and mode != REFERENCE else None, '+.4f')} | "
                          f"{fmt(last.get('grad_cos'), '.5f')} | {fmt(last.get('row_sum_median'), '.2e')} | {status} |")

@@ -72,6 +72,10 @@ def test_finetune_stops_resumes_and_skips(out, env):
         assert max(p["row_sum_per_layer"]) < 1e-5  # delta-matched: fp32 rounding
     assert [r for r in after if r["type"] == "eval"] and [r for r in after if r["type"] == "final_eval"]
     assert json.loads((run / "done.json").read_text())["steps"] == 4
+    # each run records the recipe its mode named when it ran (a name can change recipes between versions)
+    recipe = json.loads((run / "run.json").read_text())["recipe"]
+    assert recipe["delta"] == "matched" and recipe["kv_scales"] == "head" and recipe["backward"] == "fp8"
+    assert json.loads((out / "finetune" / "tiny-full" / "sdpa-seed0" / "run.json").read_text())["recipe"] is None
 
     third = parity(cmd, env)
     assert third.count("already finished") == 2
@@ -108,7 +112,8 @@ def test_report(out, env):
     assert "=== report ===" in stdout
 
 
-def _synthetic_run(root: Path, mode: str, *, steps: int, norms: list[float], done: bool) -> None:
+def _synthetic_run(root: Path, mode: str, *, steps: int, norms: list[float], done: bool,
+                   final: float = 4.25) -> None:
     run = root / "ladder" / "30m-full" / f"{mode}-seed0"
     run.mkdir(parents=True)
     spec = {"phase": "ladder", "group": "30m-full", "mode": mode, "seed": 0, "variant": "full", "size": "30m",
@@ -119,7 +124,7 @@ def _synthetic_run(root: Path, mode: str, *, steps: int, norms: list[float], don
     records.append({"type": "eval", "step": steps, "eval_loss": 4.25})
     (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))  # inf as Infinity, as logged
     if done:
-        (run / "done.json").write_text(json.dumps({"final_eval_loss": 4.25, "steps": steps}))
+        (run / "done.json").write_text(json.dumps({"final_eval_loss": final, "steps": steps}))  # NaN as NaN
 
 
 def test_report_shows_unfinished_runs_and_non_finite_gradient_norms(tmp_path, env):
@@ -134,3 +139,14 @@ def test_report_shows_unfinished_runs_and_non_finite_gradient_norms(tmp_path, en
     row = next(line for line in md.splitlines() if line.startswith("| hybrid_stale |"))
     assert "0/1 done; s0 stopped at step 6/10, held-out 4.2500 at step 6" in row
     assert (report_dir / "ladder_30m-full_grad_norm.png").stat().st_size > 1000
+
+
+def test_report_prints_a_diverged_run_as_nan(tmp_path, env):
+    _synthetic_run(tmp_path, "sdpa", steps=10, norms=[1.0] * 10, done=True)
+    _synthetic_run(tmp_path, "hybrid_stale", steps=10, norms=[1.0, float("nan")] * 5, done=True, final=float("nan"))
+    report_dir = tmp_path / "report"
+    parity(["report", "--out-dir", str(tmp_path), "--report-dir", str(report_dir)], env)
+    row = next(line for line in (report_dir / "report.md").read_text().splitlines()
+               if line.startswith("| hybrid_stale |"))
+    assert row.startswith("| hybrid_stale | 0 | nan |") and "+nan" in row, row
+    assert "held-out loss not finite (diverged)" in row
