@@ -227,8 +227,10 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         raise ValueError(f"triton_backward: sequences x heads = {n_seq * hq} exceeds the grid limit 65535")
     prequant = fp8 and LAUNCH["prequant"]
     dq = alloc(q.shape, dtype=q.dtype, device=dev)
-    dk = alloc(k.shape, dtype=k.dtype, device=dev)
-    dv = alloc(v.shape, dtype=v.dtype, device=dev)
+
+    def kv_grads():
+        return alloc(k.shape, dtype=k.dtype, device=dev), alloc(v.shape, dtype=v.dtype, device=dev)
+
     if prequant:
         # LSE', LSE'^do and D' of every row of every sequence are written by the dQ kernel's
         # statistics pass before any launch reads them; rows outside all sequences are never read.
@@ -245,14 +247,15 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     dbg_pabs = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     no_sinks = None if mods.sinks2 is None else torch.zeros_like(mods.sinks2)
     if n_seq == 0 or max_q == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_(), dbg_ds, dbg_pabs, no_sinks
+        return (dq.zero_(), *(t.zero_() for t in kv_grads()), dbg_ds, dbg_pabs, no_sinks)
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window_arg
     if prequant:
-        _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                    n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
+        dk, dv = _launch_fp8(q, k, v, o, lse, dout, dq, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+                             n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
         return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
+    dk, dv = kv_grads()
     dp = padded_head_dim(d)
     inreg = launch_table(dp)["inreg"]
     launch_dq, launch_dkdv = dict(inreg["dq"]), dict(inreg["dkdv"])
@@ -302,13 +305,15 @@ def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug) -
     return (sink_grad(entries),)
 
 
-def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+def _launch_fp8(q, k, v, o, lse, dout, dq, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                 n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None, q_stats=None):
-    """FP8 mode on operands quantized once up front (kernels in backward_fp8.py). ``lse2``,
-    ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that module).
-    ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's and V's statistics when
-    the forward computed them (else computed here); ``q_stats``: Q's, likewise (then dO's statistics
-    launch reads dO alone)."""
+    """FP8 mode on operands quantized once up front (kernels in backward_fp8.py); fills ``dq`` and
+    returns ``(dk, dv)``, allocated by ``kv_grads()`` once the dQ launches are done: K's channel-wise
+    copy, read by dQ alone, is freed by then, so dK and dV never sit beside it (one FP8 copy less at
+    the backward's peak). ``lse2``, ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do
+    and D' (see that module). ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's
+    and V's statistics when the forward computed them (else computed here); ``q_stats``: Q's,
+    likewise (then dO's statistics launch reads dO alone)."""
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
@@ -382,12 +387,14 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
         ))
     del mod_meta["SINK"]  # in LSE' and LSE'^do already
+    del kct, kcs
+    dk, dv = kv_grads()
     if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, mod_meta):
         backward_dkdv_gluon.gluon_dkdv(
             qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
             groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2,
             qdo_head=config.qdo_scales is Granularity.HEAD)
-        return
+        return dk, dv
     split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
     passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
     for compute_dk, compute_dv, launch in passes:
@@ -404,6 +411,7 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, dk, dv, lse2, lse2do, delta, dbg_ds, 
             QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
             **COMPILE_OPTIONS,
         ))
+    return dk, dv
 
 
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
