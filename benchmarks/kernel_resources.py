@@ -44,12 +44,15 @@ OFFLINE_MASKS = ("causal", "dense", "window", "varlen")
 
 
 def _record(jit_fn, seen: dict):
-    """Wrap ``jit_fn.run`` so each launch's CompiledKernel lands in ``seen`` under the kernel name."""
+    """Wrap ``jit_fn.run`` so each launch's CompiledKernel lands in ``seen``, under the kernel name
+    and, where one kernel serves several launches (the quantization's), a number per variant."""
     run = jit_fn.run
 
     def recording_run(*args, **kwargs):
         compiled = run(*args, **kwargs)
-        seen[jit_fn.__name__] = compiled
+        variants = [key for key, c in seen.items() if key.split("#")[0] == jit_fn.__name__]
+        if all(seen[key].hash != compiled.hash for key in variants):
+            seen[f"{jit_fn.__name__}#{len(variants)}" if variants else jit_fn.__name__] = compiled
         return compiled
 
     jit_fn.run = recording_run
@@ -215,6 +218,12 @@ def launch_label(rec: dict) -> str:
     return name
 
 
+def full_label(rec: dict) -> str:
+    """:func:`launch_label` plus, for a quantization launch, its copies: the launches of one recipe
+    differ in them (the forward's Q alone, K and V; the backward's Q and dO, K and V)."""
+    return f"{launch_label(rec)} {_copies_label(rec)}".strip()
+
+
 def _copies_label(rec: dict) -> str:
     """A quantization launch's copies per operand (``X:rc Y:r``: X row- and channel-wise, Y row-wise)."""
     if rec["kernel"] != "quantize_kernel":
@@ -291,50 +300,50 @@ def print_table(rows: list[dict], args) -> None:
           f"block)")
     print(f"# masks: causal S={args.seq}; dense non-causal S={args.seq - 24} (partial tiles: every loop compiled); "
           f"window causal, w=S/3; varlen causal, two packed sequences")
-    header = f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':34s} {'warps':>5s} {'stages':>6s} {'regs':>4s} " \
+    header = f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':44s} {'warps':>5s} {'stages':>6s} {'regs':>4s} " \
              f"{'spill st/ld B':>13s} {'smem B':>7s}"
     print(header)
     seen = set()
     for r in rows:
-        label = launch_label(r)
+        label = full_label(r)
         key = (r["d"], r["recipe"], r["mask"], label, r["warps"], r["stages"])
         if key in seen:  # the same launch made twice in one call (e.g. the tuner's pick)
             continue
         seen.add(key)
         if "error" in r:
-            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {r['warps']:5d} {r['stages']:6d} "
+            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:44s} {r['warps']:5d} {r['stages']:6d} "
                   f"does not compile: {r['error']}")
             continue
         flag = "  OVER" if r["smem"] > SMEM_LIMIT else ""
-        print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {r['warps']:5d} {r['stages']:6d} "
+        print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:44s} {r['warps']:5d} {r['stages']:6d} "
               f"{r['regs']:4d} {r['spill_st']:6d}/{r['spill_ld']:<6d} {r['smem']:7d}{flag}")
     if args.mix:
         print()
         print(f"# instruction mix of the launches labelled *{args.mix}* (whole kernel, static SASS counts)")
-        print(f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':34s} {'total':>6s} "
+        print(f"{'d':>4s} {'recipe':15s} {'mask':7s} {'launch':44s} {'total':>6s} "
               + " ".join(f"{name:>9s}" for name in (*MIX_CLASSES, "other")))
         shown = set()
         for r in rows:
             if "error" in r or args.mix not in launch_label(r):
                 continue
-            label = f"{launch_label(r)} {_copies_label(r)}".strip()
+            label = full_label(r)
             if (r["d"], r["recipe"], r["mask"], label) in shown:
                 continue
             shown.add((r["d"], r["recipe"], r["mask"], label))
             m = r["mix"]
-            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:34s} {m['total']:6d} "
+            print(f"{r['d']:4d} {r['recipe']:15s} {r['mask']:7s} {label:44s} {m['total']:6d} "
                   + " ".join(f"{m[name]:5d} {100 * m[name] / m['total']:2.0f}%" for name in (*MIX_CLASSES, "other")))
     # Per head dim and launch: the worst case over recipes and masks.
     print()
     print("# worst case per launch over the recipes and masks above")
-    print(f"{'d':>4s} {'launch':34s} {'warps':>5s} {'stages':>6s} {'max regs':>8s} {'max spill st B':>14s} "
+    print(f"{'d':>4s} {'launch':44s} {'warps':>5s} {'stages':>6s} {'max regs':>8s} {'max spill st B':>14s} "
           f"{'max smem B':>10s} {'cases':>5s}")
     worst: dict = {}
     counted = set()
     for r in rows:
         if "error" in r:
             continue
-        key = (r["d"], launch_label(r), r["warps"], r["stages"])
+        key = (r["d"], full_label(r), r["warps"], r["stages"])
         if key + (r["recipe"], r["mask"]) in counted:  # a launch made twice in one call
             continue
         counted.add(key + (r["recipe"], r["mask"]))
@@ -345,7 +354,7 @@ def print_table(rows: list[dict], args) -> None:
         w["n"] += 1
     for (d, label, warps, stages), w in sorted(worst.items()):
         flag = "  OVER" if w["smem"] > SMEM_LIMIT else ""
-        print(f"{d:4d} {label:34s} {warps:5d} {stages:6d} {w['regs']:8d} {w['spill']:14d} {w['smem']:10d} "
+        print(f"{d:4d} {label:44s} {warps:5d} {stages:6d} {w['regs']:8d} {w['spill']:14d} {w['smem']:10d} "
               f"{w['n']:5d}{flag}")
 
 
@@ -364,7 +373,19 @@ def main(argv=None) -> None:
     parser.add_argument("--capability", type=int, default=90, help="offline: compute capability (90: H100/H200)")
     parser.add_argument("--mix", default=None,
                         help="offline: instruction mix of the launches whose label contains this")
+    parser.add_argument("--quant-launch", default="", metavar="KEY=VALUE,...",
+                        help="offline: entries of quantize.ROTATED_LAUNCH to compile with "
+                             "(e.g. maxnreg=128,row_stages=3)")
     args = parser.parse_args(argv)
+    if args.quant_launch:
+        from hf_fp8_attention.kernels import quantize
+
+        for item in args.quant_launch.split(","):
+            key, _, value = item.partition("=")
+            if key not in quantize.ROTATED_LAUNCH:
+                parser.error(f"--quant-launch: {key!r} is not an entry of quantize.ROTATED_LAUNCH "
+                             f"({', '.join(quantize.ROTATED_LAUNCH)})")
+            quantize.ROTATED_LAUNCH[key] = None if value == "None" else int(value)
     if args.offline:
         args.seq = args.seq or 1024
         offline_main(args)

@@ -44,6 +44,9 @@ SWEEP = [
     (qz.ROTATED_LAUNCH, "num_warps", (4, 8)),
     (qz.ROTATED_LAUNCH, "row_chunk", (32, 64, 128)),
     (qz.ROTATED_LAUNCH, "col_group", (32, 64, 128)),
+    # 128 registers: two 8-warp programs per SM (the backward's K+V launch takes 136-162 uncapped)
+    (qz.ROTATED_LAUNCH, "maxnreg", (None, 128)),
+    (qz.ROTATED_LAUNCH, "row_stages", (None, 2, 3)),
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
     (ss.ROTATED_PARTIALS, "sub", (32, 64)),
     (ss.ROTATED_PARTIALS, "elementwise", (False, True)),
@@ -146,8 +149,12 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--keys", default="", help="comma-separated table entries to sweep (default: all of SWEEP)")
+    ap.add_argument("--set", default="", metavar="KEY=VALUE,...",
+                    help="entries of quantize.ROTATED_LAUNCH to start from (e.g. row_stages=3): the current "
+                         "table for the timings and the sweep, whose bit checks stay against the first table's outputs")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    first_table = dict(qz.ROTATED_LAUNCH)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "recipe": a.recipe,
            "shape": f"B={a.batch} H={a.heads} S={a.seq} D={a.dim} bf16"}
@@ -160,6 +167,15 @@ def main():
     clone_us = _time_us(lambda: q.clone(), rep=50)
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
+    for item in filter(None, a.set.split(",")):
+        key, _, value = item.partition("=")
+        if key not in qz.ROTATED_LAUNCH:
+            ap.error(f"--set: {key!r} is not an entry of quantize.ROTATED_LAUNCH ({', '.join(qz.ROTATED_LAUNCH)})")
+        qz.ROTATED_LAUNCH[key] = None if value == "None" else int(value)
+    if qz.ROTATED_LAUNCH != first_table:
+        same = all(_same(reference[name], whole()) for name, (whole, _, _) in st.items())
+        print(f"--set {a.set}: outputs {'bit-identical to' if same else 'DIFFER from'} the first table's", flush=True)
+        env["set"] = a.set
     base = time_steps(st)
     lines = [f"clone of one input: {clone_us:.1f} us, {clone_tbs:.2f} TB/s (read + write)", "",
              "| step | us | statistics us | bytes (MB) | TB/s | x clone |", "|---|---|---|---|---|---|"]

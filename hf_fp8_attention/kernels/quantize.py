@@ -51,8 +51,11 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 # A launch with a rotated copy: each row chunk is one (chunk, DP) x (DP, DP) tensor-core dot with the
 # Hadamard matrix, loaded once per program. 64-token chunks on 8 warps ran within 4-13% of the plain
 # copy on the H200, and the channel-wise copy beside it (V in the forward) wants 64-channel groups
-# on those 8 warps (benchmarks/rotation_bench.py, benchmarks/NOTES.md "Recipe v2").
-ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8}
+# on those 8 warps (benchmarks/rotation_bench.py, benchmarks/NOTES.md "Recipe v2"). Two options
+# change register allocation and loads only, never a code (benchmarks/prep_bench.py --sweep checks
+# bit for bit): ``maxnreg`` caps the registers per thread (ptxas) and ``row_stages`` software-
+# pipelines the row-wise loop's loads (tl.range num_stages); None leaves the compiler's choice.
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": None, "row_stages": None}
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
 # took 255 registers on 2 warps). The rotated launch keeps its Hadamard matrix in shared memory,
@@ -282,7 +285,7 @@ def _quantize_tile(
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr, DTYPE: tl.constexpr,
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr,
 ):
     """The copies of one (BLOCK_S tokens, head) tile of one operand (``x_base``: its (batch, head)).
 
@@ -306,7 +309,7 @@ def _quantize_tile(
         d_ok = offs_d < D
         if ROTATE:
             hm = load_hadamard(h_ptr, BLOCK_D)
-        for c in range(0, BLOCK_S, ROW_CHUNK):
+        for c in tl.range(0, BLOCK_S, ROW_CHUNK, num_stages=ROW_STAGES):  # None: the plain loop
             offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
             tok = start + offs_s  # position on the (packed) token axis
             s_ok = offs_s < length
@@ -368,7 +371,7 @@ def quantize_kernel(
     Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None,
 ):
     """One program per (tile of BLOCK_S tokens of one sequence, batch·head, operand).
 
@@ -391,13 +394,15 @@ def quantize_kernel(
                        x_col_scales_ptr, h_ptr, x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr,
                        bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
-                       X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE)
+                       X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
+                       ROW_STAGES)
     else:
         _quantize_tile(y_ptr + bb * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
                        y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
                        bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
-                       Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE)
+                       Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
+                       ROW_STAGES)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -601,7 +606,8 @@ def quantize_operands(
         heads, seq, d, s_pad, n_slots,
         BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
         CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
-        DOT_DTYPE=dot_dtype(x), num_warps=launch["num_warps"], **COMPILE_OPTIONS,
+        DOT_DTYPE=dot_dtype(x), ROW_STAGES=launch.get("row_stages"), num_warps=launch["num_warps"],
+        maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS,
     )
     return [(*out, tile_off) for out in outs]
 
