@@ -35,7 +35,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe_names import recipe_config  # noqa: E402
+from recipe_names import recipe_config, set_table_entries  # noqa: E402
 
 # Hopper: 227 KB of shared memory per block (232448 bytes), 255 registers per thread.
 SMEM_LIMIT = 232448
@@ -380,12 +380,10 @@ def main(argv=None) -> None:
     if args.quant_launch:
         from hf_fp8_attention.kernels import quantize
 
-        for item in args.quant_launch.split(","):
-            key, _, value = item.partition("=")
-            if key not in quantize.ROTATED_LAUNCH:
-                parser.error(f"--quant-launch: {key!r} is not an entry of quantize.ROTATED_LAUNCH "
-                             f"({', '.join(quantize.ROTATED_LAUNCH)})")
-            quantize.ROTATED_LAUNCH[key] = None if value == "None" else int(value)
+        try:
+            set_table_entries(quantize.ROTATED_LAUNCH, args.quant_launch, "quantize.ROTATED_LAUNCH")
+        except ValueError as err:
+            parser.error(f"--quant-launch: {err}")
     if args.offline:
         args.seq = args.seq or 1024
         offline_main(args)

@@ -1,6 +1,6 @@
 """Recipe names with options, as the benchmarks take them: ``recipe+flag`` is the named recipe
 (:data:`hf_fp8_attention.RECIPES`) with a boolean config option switched on, e.g.
-``fp8_delta_fast+dq_in_stats``."""
+``fp8_delta_fast+dq_in_stats``; and launch-table entries, ``KEY=VALUE,...``."""
 from __future__ import annotations
 
 import sys
@@ -22,3 +22,13 @@ def recipe_config(name: str, *, skip: tuple[str, ...] = ()) -> FP8AttentionConfi
     if unknown:
         raise ValueError(f"{name}: unknown option(s) {unknown}; known: {', '.join(CONFIG_FLAGS + skip)}")
     return FP8AttentionConfig.from_recipe(recipe, **{p: True for p in parts if p in CONFIG_FLAGS})
+
+
+def set_table_entries(table: dict, spec: str, table_name: str) -> None:
+    """Set entries of a launch table (e.g. ``quantize.ROTATED_LAUNCH``) from ``KEY=VALUE,...``:
+    integers, or ``None``. A ValueError names a key the table does not have."""
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key not in table:
+            raise ValueError(f"{key!r} is not an entry of {table_name} ({', '.join(table)})")
+        table[key] = None if value == "None" else int(value)

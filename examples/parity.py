@@ -37,6 +37,8 @@ the pretrained one when no ``--model`` is given).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
 import json
 import math
 import os
@@ -525,9 +527,6 @@ def train_run(spec: dict, *, make_model, train_ds, eval_ds, tokenizer, args, dea
 def recipe_fields(mode: str) -> dict | None:
     """The FP8 recipe a mode names, field by field (None for sdpa), recorded in each run.json: a
     recipe's name outlives its settings (``fp8_delta`` took K and V per token in earlier versions)."""
-    import dataclasses
-    import enum
-
     config = hf_fp8_attention.RECIPES.get(mode)
     if config is None:
         return None
