@@ -23,6 +23,7 @@ versions, and prints the table last.
     python benchmarks/bench_attention.py --modes fwd,bwd,fwdbwd --memory
     python benchmarks/bench_attention.py --dims 256 --heads 8 --modes fwd,fwdbwd   # Gemma 2/3's head dim
     python benchmarks/bench_attention.py --configs fp8_delta,fp8_delta+softcap,fp8_delta+sinks
+    python benchmarks/bench_attention.py --quant-launch maxnreg=None,row_stages=None   # another table
 
 A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
 (one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import CONFIG_FLAGS, recipe_config  # noqa: E402
+from recipe_names import CONFIG_FLAGS, recipe_config, set_table_entries  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -72,7 +73,14 @@ def parse_args(argv=None):
     p.add_argument("--passes", type=int, default=2, help="times the grid is timed; the last pass is reported")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--tag", default=None, help="results file name (default: gpu name + date)")
+    p.add_argument("--quant-launch", default="", metavar="KEY=VALUE,...",
+                   help="entries of quantize.ROTATED_LAUNCH for this run (e.g. maxnreg=None,row_stages=None)")
     args = p.parse_args(argv)
+    from hf_fp8_attention.kernels import quantize
+    try:
+        set_table_entries(quantize.ROTATED_LAUNCH, args.quant_launch, "quantize.ROTATED_LAUNCH")
+    except ValueError as err:
+        p.error(f"--quant-launch: {err}")
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
@@ -264,6 +272,8 @@ def render(env, rows, args) -> str:
     lines.append(f"torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · cuDNN {env['cudnn']} · "
                  f"python {env['python']} · {env['date_utc']} UTC · {args.tokens} tokens per batch · "
                  f"FP8 backward kernel: {env['fp8_backward_kernel']}")
+    if args.quant_launch:
+        lines += ["", f"Quantization launch table set for this run: `{args.quant_launch}`"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

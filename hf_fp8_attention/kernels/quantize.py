@@ -55,7 +55,11 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 # change register allocation and loads only, never a code (benchmarks/prep_bench.py --sweep checks
 # bit for bit): ``maxnreg`` caps the registers per thread (ptxas) and ``row_stages`` software-
 # pipelines the row-wise loop's loads (tl.range num_stages); None leaves the compiler's choice.
-ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": None, "row_stages": None}
+# Left to itself ptxas gave the backward's K+V launch 162-196 registers, one program per SM;
+# capped at 128 with 3 stages every launch fits two, unspilled, and a recipe's four launches ran
+# 672.8 -> 618.2 us at 2 x 8k tokens (benchmarks/results/cpu_quantize_registers.txt,
+# h200_v37_prep_sweep_*.log). The cap alone spilled in the packed fast launches.
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3}
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
 # took 255 registers on 2 warps). The rotated launch keeps its Hadamard matrix in shared memory,

@@ -1,0 +1,41 @@
+"""The benchmarks' launch-table flags (``bench_attention.py --quant-launch``, ``prep_bench.py --set``,
+``kernel_resources.py --quant-launch``) all go through ``recipe_names.set_table_entries``: values
+parse as integers or None, an unknown key is refused by name."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from recipe_names import set_table_entries  # noqa: E402
+
+
+def test_set_table_entries_parses_ints_and_none():
+    table = {"num_warps": 8, "maxnreg": 128, "row_stages": 3}
+    set_table_entries(table, "maxnreg=None,row_stages=2", "T")
+    assert table == {"num_warps": 8, "maxnreg": None, "row_stages": 2}
+    set_table_entries(table, "", "T")
+    assert table == {"num_warps": 8, "maxnreg": None, "row_stages": 2}
+
+
+def test_set_table_entries_refuses_unknown_key():
+    table = {"num_warps": 8}
+    with pytest.raises(ValueError, match="'stages' is not an entry of T"):
+        set_table_entries(table, "stages=2", "T")
+    assert table == {"num_warps": 8}
+
+
+def test_bench_attention_quant_launch_sets_the_table(monkeypatch):
+    pytest.importorskip("triton")
+    import bench_attention
+    from hf_fp8_attention.kernels import quantize
+
+    monkeypatch.setattr(quantize, "ROTATED_LAUNCH", dict(quantize.ROTATED_LAUNCH))
+    args = bench_attention.parse_args(["--quant-launch", "maxnreg=None,row_stages=None", "--modes", "fwd"])
+    assert quantize.ROTATED_LAUNCH["maxnreg"] is None and quantize.ROTATED_LAUNCH["row_stages"] is None
+    assert args.quant_launch == "maxnreg=None,row_stages=None"
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--quant-launch", "warps=4"])
