@@ -5,6 +5,7 @@ and justified once, in :mod:`hf_fp8_attention.diagnostics`; ``check``'s self-tes
 A broken tile, scale or mask gives O(1) errors, far outside it; exact agreement with the kernels is
 checked separately (same quantization, tight bounds).
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,6 +27,16 @@ GLUON_RECIPES = {
     "fp8_delta": FP8AttentionConfig.from_recipe("fp8_delta"),
     "fp8_stale": FP8AttentionConfig.from_recipe("fp8_stale"),
 }
+
+
+def recipe_overrides(name: str) -> dict:
+    """The fields in which ``RECIPES[name]`` differs from ``FP8AttentionConfig()``, as keywords, for
+    tests that build a recipe with their own tile sizes and per-case changes on top."""
+    from hf_fp8_attention import RECIPES
+
+    recipe, base = RECIPES[name], FP8AttentionConfig()
+    return {f.name: getattr(recipe, f.name) for f in dataclasses.fields(recipe)
+            if getattr(recipe, f.name) != getattr(base, f.name)}
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

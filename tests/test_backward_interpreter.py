@@ -32,6 +32,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from hf_fp8_attention.kernels import backward_fp8, tiles  # noqa: E402
+from helpers import recipe_overrides  # noqa: E402
 
 KERNEL_VS_EMULATION = 1e-4
 TILES = dict(block_q=16, block_k=16)  # small tiles: several tiles (and partial ones) on tiny shapes
@@ -76,13 +77,12 @@ def _assert_near_emulation(grads, ref):
         assert _rel(x, r) <= KERNEL_VS_EMULATION, (label, _rel(x, r))
 
 
-# The fast recipes' scale options (config.RECIPES["fp8_delta_fast"]) as config keywords.
-FAST_RECIPE = {"qdo_scales": "head", "kv_scales": "head", "channel_scales": "head", "p_scales": "fixed",
-               "ds_scales": "head"}
-# fp8_delta_token's (K and V per token, P and dS per tile) and the first release's recipe (also per-tile
-# channel scales, no transforms: the only one the in-register FP8 kernels run).
-TOKEN_RECIPE = {"kv_scales": "token", "p_scales": "tile", "ds_scales": "tile"}
-TILE_RECIPE = {**TOKEN_RECIPE, "channel_scales": "tile", "smooth_k": False, "hadamard": False}
+# The fast recipe's scale options, fp8_delta_token's (K and V per token, P and dS per tile) and
+# fp8_delta_tile's, the first release's (also per-tile channel scales, no transforms: the only one
+# the in-register FP8 kernels run), as config keywords.
+FAST_RECIPE = recipe_overrides("fp8_delta_fast")
+TOKEN_RECIPE = recipe_overrides("fp8_delta_token")
+TILE_RECIPE = recipe_overrides("fp8_delta_tile")
 CASES = {
     # name: ((B, Hq, Hkv, Sq, Sk, D), mask kwargs, config overrides)
     "dense": ((1, 2, 1, 32, 32, 64), {}, {}),

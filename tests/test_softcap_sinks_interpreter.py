@@ -23,6 +23,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from hf_fp8_attention import reference  # noqa: E402
 from hf_fp8_attention.config import FP8AttentionConfig  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from helpers import recipe_overrides  # noqa: E402
 
 kernels = pytest.importorskip("hf_fp8_attention.kernels.backward")
 forward = pytest.importorskip("hf_fp8_attention.kernels.forward")
@@ -31,9 +32,8 @@ FWD_REL, FWD_MAX_ABS, LSE_REL = 2e-5, 2e-3, 2e-5  # test_kernels_interpreter
 KERNEL_VS_EMULATION = 1e-4  # test_backward_interpreter
 TILES = dict(block_q=16, block_k=16)
 SOFTCAP = 2.0  # logits of these inputs reach ~±6 (log2 units ~±9): most are bent
-FAST = dict(qdo_scales="head", kv_scales="head", channel_scales="head", p_scales="fixed")
-TILE_RECIPE = dict(kv_scales="token", channel_scales="tile", p_scales="tile", ds_scales="tile", smooth_k=False,
-                   hadamard=False)
+FAST = recipe_overrides("fp8_delta_fast")
+TILE_RECIPE = recipe_overrides("fp8_delta_tile")
 # Packed: sequence 0 has 10 queries and no key (with sinks: all mass on the sink), 4 tokens after
 # the last sequence belong to none.
 KEYLESS = ([0, 10, 36], [0, 0, 26])

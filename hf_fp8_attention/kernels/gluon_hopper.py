@@ -17,8 +17,9 @@ import logging
 
 import torch
 
-from ..config import FP8AttentionConfig, FP8Format, Granularity, PScaling
+from ..config import FP8AttentionConfig, FP8Format, Granularity
 from ..masking import MaskSpec
+from .operands import block_shared_fields
 from .quantize import interpreting
 
 try:  # Gluon ships with Triton >= 3.5
@@ -44,11 +45,9 @@ def recipe_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8Att
     """None when the call is one the Gluon kernels are written for (recipe, formats, logit
     modifiers, dense batch, 32-bit TMA coordinates), else why not (one short phrase). ``shape_q``
     (B, Hq, Sq, D), ``shape_k`` (B, Hkv, Sk, D); ``mod_meta``: ``LogitMods.meta``'s constexprs."""
-    per_tile = [f"{name}={value.value!r}" for name, value, ok in (
-        ("kv_scales", config.kv_scales, config.kv_scales is Granularity.HEAD),
-        ("channel_scales", config.channel_scales, config.channel_scales is not Granularity.TILE),
-        ("p_scales", config.p_scales, config.p_scales is PScaling.FIXED),
-        ("ds_scales", config.ds_scales, config.ds_scales is Granularity.HEAD)) if not ok]
+    # K and V per head (the kernels load no per-token K/V scales), and a block-free backward.
+    per_tile = [] if config.kv_scales is Granularity.HEAD else [f"kv_scales={config.kv_scales.value!r}"]
+    per_tile += block_shared_fields(config)
     if per_tile:
         return f"a recipe with {', '.join(per_tile)}"
     if any(f is not FP8Format.E4M3 for f in (config.q_format, config.k_format, config.v_format, config.do_format,

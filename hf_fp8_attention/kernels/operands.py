@@ -76,12 +76,27 @@ def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:
     return 1.0 / hadamard_block(head_dim) if config.hadamard else 1.0
 
 
+# What the backward's scale settings must be for no scale to be shared over a block of tokens:
+# (field, test of its value). Per-token row scales are per token, so they never are.
+BLOCK_FREE_FIELDS = (
+    ("channel_scales", lambda value: value is not Granularity.TILE),  # per sequence or head
+    ("p_scales", lambda value: value is PScaling.FIXED),
+    ("ds_scales", lambda value: value is Granularity.HEAD),
+)
+
+
+def block_shared_fields(config: FP8AttentionConfig) -> list[str]:
+    """The fields of ``config`` whose scales are shared over a block of tokens (``BLOCK_FREE_FIELDS``),
+    as ``name='value'`` phrases; empty for a block-free backward."""
+    return [f"{name}={getattr(config, name).value!r}" for name, ok in BLOCK_FREE_FIELDS
+            if not ok(getattr(config, name))]
+
+
 def backward_block_free(config: FP8AttentionConfig) -> bool:
     """True when no backward scale is shared over a block of tokens (channel scales per sequence or
-    head, P on the fixed grid, dS per head; per-token row scales are per token): the backward's
-    numerics then do not depend on ``block_q`` / ``block_k``, so the kernels may tile freely."""
-    return (config.channel_scales is not Granularity.TILE and config.p_scales is PScaling.FIXED
-            and config.ds_scales is Granularity.HEAD)
+    head, P on the fixed grid, dS per head): the backward's numerics then do not depend on
+    ``block_q`` / ``block_k``, so the kernels may tile freely."""
+    return not block_shared_fields(config)
 
 
 def tile_recipe(config: FP8AttentionConfig) -> bool:
