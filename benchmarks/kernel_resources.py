@@ -376,14 +376,22 @@ def main(argv=None) -> None:
     parser.add_argument("--quant-launch", default="", metavar="KEY=VALUE,...",
                         help="offline: entries of quantize.ROTATED_LAUNCH to compile with "
                              "(e.g. maxnreg=128,row_stages=3)")
+    parser.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
+                        help="offline: entries of sequence_stats.ROTATED_PARTIALS to compile with (e.g. stages=1)")
     args = parser.parse_args(argv)
-    if args.quant_launch:
-        from hf_fp8_attention.kernels import quantize
+    if args.quant_launch or args.stats_launch:
+        if args.offline:  # the kernels decorated compiled, as offline_main needs them
+            os.environ.pop("TRITON_INTERPRET", None)
+        from hf_fp8_attention.kernels import quantize, sequence_stats
 
-        try:
-            set_table_entries(quantize.ROTATED_LAUNCH, args.quant_launch, "quantize.ROTATED_LAUNCH")
-        except ValueError as err:
-            parser.error(f"--quant-launch: {err}")
+        for flag, spec, table, name in (
+                ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
+                ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS,
+                 "sequence_stats.ROTATED_PARTIALS")):
+            try:
+                set_table_entries(table, spec, name)
+            except ValueError as err:
+                parser.error(f"{flag}: {err}")
     if args.offline:
         args.seq = args.seq or 1024
         offline_main(args)

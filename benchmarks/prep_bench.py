@@ -48,8 +48,11 @@ SWEEP = [
     (qz.ROTATED_LAUNCH, "maxnreg", (None, 128)),
     (qz.ROTATED_LAUNCH, "row_stages", (None, 2, 3)),
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
-    (ss.ROTATED_PARTIALS, "sub", (32, 64)),
+    (ss.ROTATED_PARTIALS, "sub", (16, 32, 64)),  # 16: 160-166 registers; K's mean sums other slices
     (ss.ROTATED_PARTIALS, "elementwise", (False, True)),
+    # The slice loop's pipelining: the compiler's default (3) holds 242-252 registers and 50 KB of shared
+    # memory, 4 programs per SM; 1 holds 174-176 and 42 KB, 5 (results/cpu_stats_partials_registers.txt)
+    (ss.ROTATED_PARTIALS, "stages", (None, 1, 2)),
 ]
 TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH",
                id(ss.ROTATED_PARTIALS): "sequence_stats.ROTATED_PARTIALS"}

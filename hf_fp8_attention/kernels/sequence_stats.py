@@ -41,7 +41,10 @@ CHUNK = 256
 SUB_CHUNK = 32
 # A launch that rotates rows: tokens per dot with the Hadamard matrix, and warps (32 on 2 warps was
 # the fastest of the shapes benchmarks/rotation_bench.py tries, 94 µs for a (2, 16, 8k, 128) tensor).
-ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True}
+# ``stages`` software-pipelines the slice loop's loads (tl.range num_stages) and ``maxnreg`` caps the
+# registers per thread (ptxas): loads and register allocation only, never a value
+# (benchmarks/prep_bench.py --sweep checks bit for bit); None leaves the compiler's choice.
+ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": None, "maxnreg": None}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
@@ -50,7 +53,8 @@ FINISH_WARPS = 4
 # that matrix in fp32 registers for μH, 256 per thread on 4 warps, so 16 warps
 # (benchmarks/results/cpu_kernel_resources.txt).
 SUB_CHUNK_D256 = 16
-ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False}  # not measured
+ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False, "stages": None,
+                         "maxnreg": None}  # not measured
 FINISH_WARPS_D256 = 16
 
 
@@ -64,7 +68,7 @@ def _min_nan(a, b):
 def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
                    EXT: tl.constexpr, SHIFTED: tl.constexpr, SUM: tl.constexpr, AMAX: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr):
+                   DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr):
     """One chunk of one operand's (sequence, head) into ``out`` (4, BLOCK_D): ``hi``, ``lo``, the
     amax (AMAX) and the sum (SUM) of the raw rows. EXT (the row amax is wanted) of y = xH (ROTATE)
     or x: SHIFTED (a shift will be subtracted), hi / lo = max / min of y; else hi = max |y| and
@@ -93,7 +97,7 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
         lo = tl.full([SUB, BLOCK_D], float("inf"), tl.float32)
         amax = tl.zeros([SUB, BLOCK_D], tl.float32)
         total = tl.zeros([SUB, BLOCK_D], tl.float32)
-    for c in range(0, CHUNK, SUB):
+    for c in tl.range(0, CHUNK, SUB, num_stages=STAGES):  # None: the plain loop
         offs_s = chunk * CHUNK + c + tl.arange(0, SUB)
         s_ok = offs_s < length
         ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
@@ -157,7 +161,7 @@ def _partials_kernel(
     part_ptr,  # (2, n_slots, B·H, 4, BLOCK_D) fp32
     cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
 ):
@@ -175,10 +179,10 @@ def _partials_kernel(
     out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D
     if op == 0:
         _partials_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE)
+                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
     else:
         _partials_tile(y_ptr + bb * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE)
+                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
 
 
 @triton.jit
@@ -306,14 +310,17 @@ def sequence_stats(
     elementwise = rotated_rows and rotated_launch["elementwise"] and not any(n.smooth for n in needs)
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
+        stages, maxnreg = rotated_launch.get("stages"), rotated_launch.get("maxnreg")
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
+        stages = maxnreg = None
     if max_len > 0:
         launch_kernel(
             _partials_kernel, (cdiv(max_len, CHUNK), n_seq * heads, len(xs)),
             x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
             CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, **flags, num_warps=warps, **COMPILE_OPTIONS,
+            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, STAGES=stages, **flags, num_warps=warps,
+            maxnreg=maxnreg, **COMPILE_OPTIONS,
         )
     launch_kernel(
         _finish_kernel, (n_seq, heads, len(xs)),
