@@ -255,7 +255,8 @@ def _offline_inputs(d: int, mask_kind: str, seq: int):
 
 
 def offline_main(args) -> None:
-    os.environ.pop("TRITON_INTERPRET", None)
+    """Compile every launch of the recipes, head dims and masks in ``args`` for sm_90a and print the
+    table. The kernels must be imported with the interpreter off (``main`` sees to it)."""
     from hf_fp8_attention.kernels import backward, forward
 
     # The host code asks the device two things: TMA (sm_90 has it) and the SM count (H200: 132).
@@ -379,9 +380,9 @@ def main(argv=None) -> None:
     parser.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                         help="offline: entries of sequence_stats.ROTATED_PARTIALS to compile with (e.g. stages=1)")
     args = parser.parse_args(argv)
+    if args.offline:  # before any kernel module is imported: they are decorated compiled, not interpreted
+        os.environ.pop("TRITON_INTERPRET", None)
     if args.quant_launch or args.stats_launch:
-        if args.offline:  # the kernels decorated compiled, as offline_main needs them
-            os.environ.pop("TRITON_INTERPRET", None)
         from hf_fp8_attention.kernels import quantize, sequence_stats
 
         for flag, spec, table, name in (
