@@ -24,6 +24,7 @@ versions, and prints the table last.
     python benchmarks/bench_attention.py --dims 256 --heads 8 --modes fwd,fwdbwd   # Gemma 2/3's head dim
     python benchmarks/bench_attention.py --configs fp8_delta,fp8_delta+softcap,fp8_delta+sinks
     python benchmarks/bench_attention.py --quant-launch maxnreg=None,row_stages=None   # another table
+    python benchmarks/bench_attention.py --stats-launch stages=None   # another statistics table
 
 A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
 (one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
@@ -46,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import CONFIG_FLAGS, recipe_config, set_table_entries  # noqa: E402
+from recipe_names import CONFIG_FLAGS, apply_table_flags, recipe_config  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -75,12 +76,13 @@ def parse_args(argv=None):
     p.add_argument("--tag", default=None, help="results file name (default: gpu name + date)")
     p.add_argument("--quant-launch", default="", metavar="KEY=VALUE,...",
                    help="entries of quantize.ROTATED_LAUNCH for this run (e.g. maxnreg=None,row_stages=None)")
+    p.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
+                   help="entries of sequence_stats.ROTATED_PARTIALS for this run (e.g. stages=None)")
     args = p.parse_args(argv)
-    from hf_fp8_attention.kernels import quantize
-    try:
-        set_table_entries(quantize.ROTATED_LAUNCH, args.quant_launch, "quantize.ROTATED_LAUNCH")
-    except ValueError as err:
-        p.error(f"--quant-launch: {err}")
+    from hf_fp8_attention.kernels import quantize, sequence_stats
+    apply_table_flags(p, (
+        ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
+        ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")))
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
@@ -274,6 +276,8 @@ def render(env, rows, args) -> str:
                  f"FP8 backward kernel: {env['fp8_backward_kernel']}")
     if args.quant_launch:
         lines += ["", f"Quantization launch table set for this run: `{args.quant_launch}`"]
+    if args.stats_launch:
+        lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

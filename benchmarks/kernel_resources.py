@@ -35,7 +35,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe_names import recipe_config, set_table_entries  # noqa: E402
+from recipe_names import apply_table_flags, recipe_config  # noqa: E402
 
 # Hopper: 227 KB of shared memory per block (232448 bytes), 255 registers per thread.
 SMEM_LIMIT = 232448
@@ -385,14 +385,9 @@ def main(argv=None) -> None:
     if args.quant_launch or args.stats_launch:
         from hf_fp8_attention.kernels import quantize, sequence_stats
 
-        for flag, spec, table, name in (
-                ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
-                ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS,
-                 "sequence_stats.ROTATED_PARTIALS")):
-            try:
-                set_table_entries(table, spec, name)
-            except ValueError as err:
-                parser.error(f"{flag}: {err}")
+        apply_table_flags(parser, (
+            ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
+            ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")))
     if args.offline:
         args.seq = args.seq or 1024
         offline_main(args)

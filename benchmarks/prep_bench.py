@@ -37,7 +37,7 @@ from hf_fp8_attention.kernels import sequence_stats as ss  # noqa: E402
 from hf_fp8_attention.kernels.forward import _quantizes_q_first  # noqa: E402
 from hf_fp8_attention.kernels.operands import backward_kv_copies, backward_q_copies, copies_for, stats_for  # noqa: E402
 from quantize_bench import _time_us  # noqa: E402  (CUDA-graph median, us)
-from recipe_names import recipe_config, set_table_entries  # noqa: E402
+from recipe_names import apply_table_flags, recipe_config  # noqa: E402
 
 # (table, key, values): each entry is swept alone, the others at their current values.
 SWEEP = [
@@ -170,10 +170,7 @@ def main():
     clone_us = _time_us(lambda: q.clone(), rep=50)
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
-    try:
-        set_table_entries(qz.ROTATED_LAUNCH, a.set, "quantize.ROTATED_LAUNCH")
-    except ValueError as err:
-        ap.error(f"--set: {err}")
+    apply_table_flags(ap, [("--set", a.set, qz.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH")])
     if qz.ROTATED_LAUNCH != first_table:
         same = all(_same(reference[name], whole()) for name, (whole, _, _) in st.items())
         print(f"--set {a.set}: outputs {'bit-identical to' if same else 'DIFFER from'} the first table's", flush=True)

@@ -32,3 +32,13 @@ def set_table_entries(table: dict, spec: str, table_name: str) -> None:
         if key not in table:
             raise ValueError(f"{key!r} is not an entry of {table_name} ({', '.join(table)})")
         table[key] = None if value == "None" else int(value)
+
+
+def apply_table_flags(parser, flags) -> None:
+    """``set_table_entries`` for each ``(flag, spec, table, table_name)`` of a script's launch-table
+    flags; a bad entry ends the script through ``parser.error`` naming the flag."""
+    for flag, spec, table, table_name in flags:
+        try:
+            set_table_entries(table, spec, table_name)
+        except ValueError as err:
+            parser.error(f"{flag}: {err}")

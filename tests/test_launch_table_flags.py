@@ -1,6 +1,7 @@
-"""The benchmarks' launch-table flags (``bench_attention.py --quant-launch``, ``prep_bench.py --set``,
-``kernel_resources.py --quant-launch``) all go through ``recipe_names.set_table_entries``: values
-parse as integers or None, an unknown key is refused by name."""
+"""The benchmarks' launch-table flags (``bench_attention.py --quant-launch`` and ``--stats-launch``,
+``prep_bench.py --set``, ``kernel_resources.py --quant-launch`` and ``--stats-launch``) all go through
+``recipe_names.set_table_entries``: values parse as integers or None, an unknown key is refused by
+name."""
 from __future__ import annotations
 
 import sys
@@ -39,3 +40,16 @@ def test_bench_attention_quant_launch_sets_the_table(monkeypatch):
     assert args.quant_launch == "maxnreg=None,row_stages=None"
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--quant-launch", "warps=4"])
+
+
+def test_bench_attention_stats_launch_sets_the_table(monkeypatch, capsys):
+    pytest.importorskip("triton")
+    import bench_attention
+    from hf_fp8_attention.kernels import sequence_stats
+
+    monkeypatch.setattr(sequence_stats, "ROTATED_PARTIALS", dict(sequence_stats.ROTATED_PARTIALS))
+    bench_attention.parse_args(["--stats-launch", "stages=None", "--modes", "fwd"])
+    assert sequence_stats.ROTATED_PARTIALS["stages"] is None
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--stats-launch", "row_stages=2"])
+    assert "--stats-launch: 'row_stages' is not an entry of sequence_stats.ROTATED_PARTIALS" in capsys.readouterr().err

@@ -43,8 +43,10 @@ SUB_CHUNK = 32
 # the fastest of the shapes benchmarks/rotation_bench.py tries, 94 µs for a (2, 16, 8k, 128) tensor).
 # ``stages`` software-pipelines the slice loop's loads (tl.range num_stages) and ``maxnreg`` caps the
 # registers per thread (ptxas): loads and register allocation only, never a value
-# (benchmarks/prep_bench.py --sweep checks bit for bit); None leaves the compiler's choice.
-ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": None, "maxnreg": None}
+# (benchmarks/prep_bench.py --sweep checks bit for bit); None leaves the compiler's choice. One stage
+# (no prefetch) takes 174-176 registers instead of 242-252, five programs per SM instead of four: the
+# K+V statistics at 2 x 8k tokens 117 -> 86 us on the H200, same bits (benchmarks/NOTES.md).
+ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1, "maxnreg": None}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
