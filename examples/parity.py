@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # context_extension.ex
 
 import hf_fp8_attention  # noqa: E402  (registers fp8_delta / fp8_stale with Transformers)
 from hf_fp8_attention.training import UsageError, main_with_usage_errors  # noqa: E402
+from hf_fp8_attention.training.corpus import package_names, package_versions  # noqa: E402
 
 PHASES = ("finetune", "extend", "ladder")
 MODES = ("sdpa", "fp8_delta", "fp8_stale", "fp8_delta_fast", "hybrid_delta", "hybrid_stale")
@@ -127,10 +128,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help=f"comma list of attention modes: sdpa or any recipe name (default: {MODES})")
         p.add_argument("--variants", help="comma list of full,lora")
         p.add_argument("--seeds", help="comma list of model seeds (ladder default: 0,1 at the smallest size, 0 else)")
-        p.add_argument("--data", help="text/JSON/CSV/Parquet file(s) or a save_to_disk dataset; default: the "
-                                      "Python standard library's sources")
+        p.add_argument("--data", help="text/JSON/CSV/Parquet file(s), a save_to_disk dataset, or packages:NAME,... "
+                                      "(installed packages' Python sources, e.g. packages:torch,transformers); "
+                                      "default: the Python standard library's sources")
         p.add_argument("--text-column", default="text")
-        p.add_argument("--corpus-bytes", type=int, help="cap on the default corpus size")
+        p.add_argument("--corpus-bytes", type=int, help="cap on the size of the default or packages: corpus")
         p.add_argument("--data-seed", type=int, default=0, help="held-out split and batch order (same for all runs)")
         p.add_argument("--batch-size", type=int)
         p.add_argument("--grad-accum", type=int)
@@ -539,6 +541,9 @@ def _settings(args, **extra) -> dict:
             "save_every", "gradient_checkpointing", "data_seed", "bf16", "probe_every", "probe_batch",
             "probe_layers", "data", "corpus_bytes", "setting")
     out = {k: getattr(args, k, None) for k in keys}
+    packages = package_names(getattr(args, "data", None))
+    if packages:  # the packages' versions identify the corpus's text (only then, so older runs resume)
+        out["corpus_versions"] = package_versions(packages)
     out.update(extra)
     return out
 

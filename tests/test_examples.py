@@ -215,6 +215,37 @@ def test_user_data_formats_load_through_datasets(tmp_path):
         load_corpus(str(tmp_path / "model.bin"))
 
 
+def test_packages_corpus_reads_installed_sources_in_a_fixed_order(tmp_path, monkeypatch):
+    """--data packages:NAME,...: each package's .py files (test folders left out) sorted by path, the
+    packages in the order given, located without importing them; bad names refused by name; the
+    parity runs record the packages' versions (only for such a corpus, so older run folders resume)."""
+    import argparse
+
+    from hf_fp8_attention.training import UsageError, load_corpus, package_versions
+
+    root = tmp_path / "site"
+    files = {"corpuspkg/__init__.py": "raise RuntimeError('imported')",  # importing it would fail
+             "corpuspkg/b.py": "B = 2", "corpuspkg/sub/a.py": "A = 1", "corpuspkg/sub/empty.py": "",
+             "corpuspkg/tests/test_a.py": "assert A", "corpuspkg/data.json": "{}", "corpusmod.py": "M = 0"}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(root))
+    ds = load_corpus("packages:corpuspkg,corpusmod")
+    assert ds["text"] == ["raise RuntimeError('imported')", "B = 2", "A = 1", "M = 0"]
+    assert load_corpus("packages:corpusmod, corpuspkg")["text"][0] == "M = 0"
+    for spec, message in (("packages:no_such_pkg_xyz", "'no_such_pkg_xyz' is not an installed top-level package"),
+                          ("packages:corpuspkg.sub", "'corpuspkg.sub' is not an installed top-level package"),
+                          ("packages:", "name at least one installed package")):
+        with pytest.raises(UsageError, match=message):
+            load_corpus(spec)
+    torch = pytest.importorskip("torch")
+    assert package_versions(["torch", "corpuspkg"]) == {"torch": torch.__version__, "corpuspkg": "?"}
+    parity = _load_example("parity")
+    assert parity._settings(argparse.Namespace(data="packages:corpusmod"))["corpus_versions"] == {"corpusmod": "?"}
+    assert "corpus_versions" not in parity._settings(argparse.Namespace(data=None))
+
+
 def test_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
     from hf_fp8_attention.training import load_corpus, train_tokenizer
 

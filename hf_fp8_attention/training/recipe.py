@@ -24,10 +24,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                    "default: a small model built from a config")
     g.add_argument("--family", choices=SUPPORTED_MODEL_TYPES, default="llama", help="family of the built model")
     g.add_argument("--size", choices=("tiny", "small"), help="size of the built model")
-    g.add_argument("--data", help="text/JSON/CSV/Parquet file(s) or a save_to_disk dataset; default: the "
-                                  "Python standard library's sources")
+    g.add_argument("--data", help="text/JSON/CSV/Parquet file(s), a save_to_disk dataset, or packages:NAME,... "
+                                  "(installed packages' Python sources); default: the Python standard library's "
+                                  "sources")
     g.add_argument("--text-column", default="text")
-    g.add_argument("--corpus-bytes", type=int, help="cap on the default corpus size")
+    g.add_argument("--corpus-bytes", type=int, help="cap on the size of the default or packages: corpus")
     g.add_argument("--vocab-size", type=int, help="BPE vocabulary of the trained tokenizer (built models)")
     t = parser.add_argument_group("training")
     t.add_argument("--attn", choices=ATTN_CHOICES, default="fp8_delta", help="attention implementation")
@@ -77,7 +78,7 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
     Returns ``(corpus, tokenizer, config)``; raises :class:`UsageError` on bad paths, unsupported
     models, empty data, or a ``--seq-len`` the model cannot take.
     """
-    from .corpus import load_corpus
+    from .corpus import load_corpus, package_names
     from .tokenizer import load_tokenizer, train_tokenizer
 
     check_attn(args.attn)
@@ -93,7 +94,7 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
         config = load_config(args.model)
         tokenizer = load_tokenizer(args.model)
     corpus = load_corpus(args.data, text_column=args.text_column,
-                         max_bytes=args.corpus_bytes if args.data is None else None)
+                         max_bytes=args.corpus_bytes if args.data is None or package_names(args.data) else None)
     if args.model is None and gguf_file is None:
         tokenizer = train_tokenizer(corpus, args.vocab_size, show_progress=not args.no_progress)
         config = tiny_config(args.family, args.size, vocab_size=len(tokenizer),
