@@ -226,7 +226,9 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     if n_seq * hq > 65535:  # grid axis 1 holds (sequence, head) pairs
         raise ValueError(f"triton_backward: sequences x heads = {n_seq * hq} exceeds the grid limit 65535")
     prequant = fp8 and LAUNCH["prequant"]
-    dq = alloc(q.shape, dtype=q.dtype, device=dev)
+
+    def q_grad():
+        return alloc(q.shape, dtype=q.dtype, device=dev)
 
     def kv_grads():
         return alloc(k.shape, dtype=k.dtype, device=dev), alloc(v.shape, dtype=v.dtype, device=dev)
@@ -247,15 +249,15 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     dbg_pabs = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     no_sinks = None if mods.sinks2 is None else torch.zeros_like(mods.sinks2)
     if n_seq == 0 or max_q == 0:
-        return (dq.zero_(), *(t.zero_() for t in kv_grads()), dbg_ds, dbg_pabs, no_sinks)
+        return (q_grad().zero_(), *(t.zero_() for t in kv_grads()), dbg_ds, dbg_pabs, no_sinks)
     o = out if out is not None else q  # O is read only by the stale kernel
     window = mask.window_arg
     if prequant:
-        dk, dv = _launch_fp8(q, k, v, o, lse, dout, dq, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                             n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
+        dq, dk, dv = _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs,
+                                 cu_q, cu_k, n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
         return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
-    dk, dv = kv_grads()
+    dq, (dk, dv) = q_grad(), kv_grads()
     dp = padded_head_dim(d)
     inreg = launch_table(dp)["inreg"]
     launch_dq, launch_dkdv = dict(inreg["dq"]), dict(inreg["dkdv"])
@@ -305,13 +307,16 @@ def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug) -
     return (sink_grad(entries),)
 
 
-def _launch_fp8(q, k, v, o, lse, dout, dq, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
+def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
                 n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None, q_stats=None):
-    """FP8 mode on operands quantized once up front (kernels in backward_fp8.py); fills ``dq`` and
-    returns ``(dk, dv)``, allocated by ``kv_grads()`` once the dQ launches are done: K's channel-wise
-    copy, read by dQ alone, is freed by then, so dK and dV never sit beside it (one FP8 copy less at
-    the backward's peak). ``lse2``, ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do
-    and D' (see that module). ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's
+    """FP8 mode on operands quantized once up front (kernels in backward_fp8.py); returns ``(dq, dk,
+    dv)``, each allocated (``q_grad()``, ``kv_grads()``) just before the launch that writes it, so
+    that no gradient sits beside an FP8 copy its launch does not read. Where LSE', D' and the dS
+    bound have a launch of their own, it runs first, then dK/dV (beside all seven copies), then dQ
+    (Q's and dO's channel-wise copies freed: five copies beside three gradients); where dQ's launch
+    forms them, dQ runs first, then dK/dV (K's channel-wise copy, read by dQ alone, freed).
+    ``lse2``, ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that
+    module). ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's
     and V's statistics when the forward computed them (else computed here); ``q_stats``: Q's,
     likewise (then dO's statistics launch reads dO alone)."""
     b, hq, sq_total, d = q.shape
@@ -363,55 +368,81 @@ def _launch_fp8(q, k, v, o, lse, dout, dq, kv_grads, lse2, lse2do, delta, dbg_ds
     else:
         dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
-    for stats, grads, launch in dq_passes:
-        if (launch == "dq_stats" and not debug
-                and _gluon_runs(backward_stats_gluon, "gluon_dq_stats", q, k, mask, config, mod_meta)):
-            backward_stats_gluon.gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds_bound,
-                                                groups=hq // hkv, qk_scale=qk_scale, causal=bool(mask.causal))
-            continue
-        if launch == "dq" and not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta):
-            backward_dq_gluon.gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq,
-                                       groups=hq // hkv, qk_scale=qk_scale, tau=float(scale),
-                                       causal=bool(mask.causal), pow2=pow2)
-            continue
-        tq, tk = _tiles(table, launch, free, config, dp, query_side=True)
-        bdo = _channel_block(table, launch, dp)
-        _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, tq), n_seq * hq, dp // bdo), launch, dp, (
-            qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
-            dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2, ds_bound,
-            *dout.stride(), *o.stride(), *lse.stride(),
-            hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), softcap2), dict(
-            MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=tq, BLOCK_K=tk, STATS=stats, GRADS=grads,
-            ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta, DS_HEAD=ds_head,
-            ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp), **COMPILE_OPTIONS,
-        ))
-    del mod_meta["SINK"]  # in LSE' and LSE'^do already
-    del kct, kcs
-    dk, dv = kv_grads()
-    if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, mod_meta):
-        backward_dkdv_gluon.gluon_dkdv(
-            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
-            groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2,
-            qdo_head=config.qdo_scales is Granularity.HEAD)
-        return dk, dv
-    split_dkdv = table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free else LAUNCH["split_dkdv"]
-    passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
-    for compute_dk, compute_dv, launch in passes:
-        tq, tk = _tiles(table, launch, free, config, dp, query_side=False)
-        bdo = _channel_block(table, launch, dp)
-        _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, tk), n_seq * hkv, dp // bdo), launch, dp, (
-            qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
-            lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2, ds_bound,
-            hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
-            float(scale), softcap2), dict(
-            **common, BLOCK_Q=tq, BLOCK_K=tk, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
-            ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta,
-            P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head,
-            QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
-            **COMPILE_OPTIONS,
-        ))
-    return dk, dv
+    kv_meta = {key: value for key, value in mod_meta.items() if key != "SINK"}  # in LSE' and LSE'^do already
+
+    def run_dq(passes, dq, kct, kcs) -> None:
+        """The statistics and dQ launches ``passes`` (K's channel-wise copy ``kct``, ``kcs``); ``dq``
+        is written only by those with grads."""
+        for stats, grads, launch in passes:
+            if (launch == "dq_stats" and not debug
+                    and _gluon_runs(backward_stats_gluon, "gluon_dq_stats", q, k, mask, config, mod_meta)):
+                backward_stats_gluon.gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta,
+                                                    ds_bound, groups=hq // hkv, qk_scale=qk_scale,
+                                                    causal=bool(mask.causal))
+                continue
+            if launch == "dq" and not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config,
+                                                            mod_meta):
+                backward_dq_gluon.gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq,
+                                           groups=hq // hkv, qk_scale=qk_scale, tau=float(scale),
+                                           causal=bool(mask.causal), pow2=pow2)
+                continue
+            tq, tk = _tiles(table, launch, free, config, dp, query_side=True)
+            bdo = _channel_block(table, launch, dp)
+            _run_prequant(bwd_dq_fp8_kernel, (cdiv(max_q, tq), n_seq * hq, dp // bdo), launch, dp, (
+                qr, qrs, kr, krs, kct, kcs, vr, vrs, dor, dors,
+                dout, o, lse, dq, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k, toff_k, shift2, sinks2, ds_bound,
+                *dout.stride(), *o.stride(), *lse.stride(),
+                hq, hq // hkv, sq_total, sk_total, kct.shape[-1], kcs.shape[2], sq_total, sk_total, window, qk_scale,
+                float(scale), softcap2), dict(
+                MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=tq, BLOCK_K=tk, STATS=stats, GRADS=grads,
+                ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta,
+                DS_HEAD=ds_head, ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
+                **COMPILE_OPTIONS,
+            ))
+
+    def run_dkdv(dk, dv, qct, qcs, doct, docs) -> None:
+        """The dK/dV launches (Q's and dO's channel-wise copies ``qct``, ``qcs``, ``doct``, ``docs``)."""
+        if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta):
+            backward_dkdv_gluon.gluon_dkdv(
+                qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
+                groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2,
+                qdo_head=config.qdo_scales is Granularity.HEAD)
+            return
+        split_dkdv = (table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free
+                      else LAUNCH["split_dkdv"])
+        passes = ((True, False, "dk"), (False, True, "dv")) if split_dkdv else ((True, True, "dkdv"),)
+        for compute_dk, compute_dv, launch in passes:
+            tq, tk = _tiles(table, launch, free, config, dp, query_side=False)
+            bdo = _channel_block(table, launch, dp)
+            _run_prequant(bwd_dkdv_fp8_kernel, (cdiv(max_k, tk), n_seq * hkv, dp // bdo), launch, dp, (
+                qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs,
+                lse2, lse2do, delta, dk, dv, cu_q, cu_k, toff_q, shift2, ds_bound,
+                hq, hq // hkv, sq_total, sk_total, qct.shape[-1], qcs.shape[2], sq_total, sk_total, window, qk_scale,
+                float(scale), softcap2), dict(
+                **common, BLOCK_Q=tq, BLOCK_K=tk, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
+                ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **kv_meta,
+                P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head,
+                QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
+                **COMPILE_OPTIONS,
+            ))
+
+    # Each gradient is allocated just before its first launch and each channel-wise copy freed after
+    # its last reader: the peak is then seven copies beside two gradients, or five beside three,
+    # where dQ first holds six copies beside all three.
+    if dq_passes[0][1]:  # dQ's launch forms LSE', D' and the dS bound: dQ first
+        dq = q_grad()
+        run_dq(dq_passes, dq, kct, kcs)
+        del kct, kcs  # read by dQ alone
+        dk, dv = kv_grads()
+        run_dkdv(dk, dv, qct, qcs, doct, docs)
+    else:  # the statistics' own launch, then dK/dV, then dQ
+        run_dq(dq_passes[:1], q, kct, kcs)  # q: a stand-in for dQ, which this launch never writes
+        dk, dv = kv_grads()
+        run_dkdv(dk, dv, qct, qcs, doct, docs)
+        del qct, qcs, doct, docs  # read by dK/dV alone
+        dq = q_grad()
+        run_dq(dq_passes[1:], dq, kct, kcs)
+    return dq, dk, dv
 
 
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
