@@ -78,7 +78,7 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
     Returns ``(corpus, tokenizer, config)``; raises :class:`UsageError` on bad paths, unsupported
     models, empty data, or a ``--seq-len`` the model cannot take.
     """
-    from .corpus import load_corpus, package_names
+    from .corpus import load_corpus
     from .tokenizer import load_tokenizer, train_tokenizer
 
     check_attn(args.attn)
@@ -93,8 +93,8 @@ def prepare(args: argparse.Namespace, *, max_position_embeddings: int | None = N
     if args.model is not None:
         config = load_config(args.model)
         tokenizer = load_tokenizer(args.model)
-    corpus = load_corpus(args.data, text_column=args.text_column,
-                         max_bytes=args.corpus_bytes if args.data is None or package_names(args.data) else None)
+    # load_corpus caps only the standard-library and packages corpora, never the user's files
+    corpus = load_corpus(args.data, text_column=args.text_column, max_bytes=args.corpus_bytes)
     if args.model is None and gguf_file is None:
         tokenizer = train_tokenizer(corpus, args.vocab_size, show_progress=not args.no_progress)
         config = tiny_config(args.family, args.size, vocab_size=len(tokenizer),
