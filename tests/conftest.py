@@ -12,6 +12,10 @@
   AVX-512 and AMX, MKL's own kernels flipped enough codes to move two of those comparisons by 2.7e-4
   and 1.6e-3 against bounds of 1e-4, which they meet in the reproducible mode. A caller's own
   MKL_CBWR is kept.
+- Under pytest-xdist (the README's ``-n auto``) each worker gets its share of the cores as torch
+  threads: the suite is mostly one thread of Python (the interpreter, subprocesses), so workers
+  side by side are what uses the cores, and torch's default of one thread per core in every worker
+  would oversubscribe them.
 """
 import os
 
@@ -22,6 +26,9 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def fp8_gpu_available() -> bool:
