@@ -155,9 +155,11 @@ def main():
     ap.add_argument("--set", default="", metavar="KEY=VALUE,...",
                     help="entries of quantize.ROTATED_LAUNCH to start from (e.g. row_stages=3): the current "
                          "table for the timings and the sweep, whose bit checks stay against the first table's outputs")
+    ap.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
+                    help="the same for sequence_stats.ROTATED_PARTIALS (e.g. stages=None)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    first_table = dict(qz.ROTATED_LAUNCH)
+    first_tables = (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS))
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "recipe": a.recipe,
            "shape": f"B={a.batch} H={a.heads} S={a.seq} D={a.dim} bf16"}
@@ -170,11 +172,14 @@ def main():
     clone_us = _time_us(lambda: q.clone(), rep=50)
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
-    apply_table_flags(ap, [("--set", a.set, qz.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH")])
-    if qz.ROTATED_LAUNCH != first_table:
+    apply_table_flags(ap, [("--set", a.set, qz.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
+                           ("--stats-launch", a.stats_launch, ss.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")])
+    if (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS)) != first_tables:
         same = all(_same(reference[name], whole()) for name, (whole, _, _) in st.items())
-        print(f"--set {a.set}: outputs {'bit-identical to' if same else 'DIFFER from'} the first table's", flush=True)
-        env["set"] = a.set
+        flags = " ".join(f"{flag} {spec}" for flag, spec in (("--set", a.set), ("--stats-launch", a.stats_launch))
+                         if spec)
+        print(f"{flags}: outputs {'bit-identical to' if same else 'DIFFER from'} the first tables'", flush=True)
+        env["set"] = flags
     base = time_steps(st)
     lines = [f"clone of one input: {clone_us:.1f} us, {clone_tbs:.2f} TB/s (read + write)", "",
              "| step | us | statistics us | bytes (MB) | TB/s | x clone |", "|---|---|---|---|---|---|"]

@@ -1,7 +1,7 @@
 """The benchmarks' launch-table flags (``bench_attention.py --quant-launch`` and ``--stats-launch``,
-``prep_bench.py --set``, ``kernel_resources.py --quant-launch`` and ``--stats-launch``) all go through
-``recipe_names.set_table_entries``: values parse as integers or None, an unknown key is refused by
-name."""
+``prep_bench.py --set`` and ``--stats-launch``, ``kernel_resources.py --quant-launch`` and
+``--stats-launch``) all go through ``recipe_names.set_table_entries``: values parse as integers or
+None, an unknown key is refused by name."""
 from __future__ import annotations
 
 import sys
