@@ -19,7 +19,7 @@ Only running sums are kept (per kind, whole-model vectors: Σ u, Σ u/‖u‖ ov
 batches, Σ ‖u‖²):
 mean_{i≠j} cos(u_i, u_j) = (‖Σ_i u_i/‖u_i‖‖² − N) / (N (N − 1)).
 
-    python benchmarks/stale_coherence.py --batches 24 --tokens 512 --out-dir DIR   # ~17 s a batch, 2 cores
+    python benchmarks/stale_coherence.py --batches 24 --tokens 512 --out-dir DIR   # ~20 s a batch and recipe, 2 cores
     python benchmarks/stale_coherence.py --tiny --batches 3 --tokens 32            # plumbing: random weights
 
 ``--tiny`` is a random 2-layer Llama on UTF-8 bytes (no extra needed): it checks the plumbing, its
