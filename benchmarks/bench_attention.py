@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import CONFIG_FLAGS, apply_table_flags, recipe_config  # noqa: E402
+from recipe_names import CONFIG_FLAGS, apply_launch_tables, recipe_config  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -79,10 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                    help="entries of sequence_stats.ROTATED_PARTIALS for this run (e.g. stages=None)")
     args = p.parse_args(argv)
-    from hf_fp8_attention.kernels import quantize, sequence_stats
-    apply_table_flags(p, (
-        ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
-        ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")))
+    apply_launch_tables(p, args.quant_launch, args.stats_launch)
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")

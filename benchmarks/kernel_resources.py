@@ -35,7 +35,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe_names import apply_table_flags, recipe_config  # noqa: E402
+from recipe_names import apply_launch_tables, recipe_config  # noqa: E402
 
 # Hopper: 227 KB of shared memory per block (232448 bytes), 255 registers per thread.
 SMEM_LIMIT = 232448
@@ -383,11 +383,7 @@ def main(argv=None) -> None:
     if args.offline:  # before any kernel module is imported: they are decorated compiled, not interpreted
         os.environ.pop("TRITON_INTERPRET", None)
     if args.quant_launch or args.stats_launch:
-        from hf_fp8_attention.kernels import quantize, sequence_stats
-
-        apply_table_flags(parser, (
-            ("--quant-launch", args.quant_launch, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
-            ("--stats-launch", args.stats_launch, sequence_stats.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")))
+        apply_launch_tables(parser, args.quant_launch, args.stats_launch)
     if args.offline:
         args.seq = args.seq or 1024
         offline_main(args)

@@ -37,7 +37,7 @@ from hf_fp8_attention.kernels import sequence_stats as ss  # noqa: E402
 from hf_fp8_attention.kernels.forward import _quantizes_q_first  # noqa: E402
 from hf_fp8_attention.kernels.operands import backward_kv_copies, backward_q_copies, copies_for, stats_for  # noqa: E402
 from quantize_bench import _time_us  # noqa: E402  (CUDA-graph median, us)
-from recipe_names import apply_table_flags, recipe_config  # noqa: E402
+from recipe_names import apply_launch_tables, recipe_config  # noqa: E402
 
 # (table, key, values): each entry is swept alone, the others at their current values.
 SWEEP = [
@@ -172,8 +172,7 @@ def main():
     clone_us = _time_us(lambda: q.clone(), rep=50)
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
-    apply_table_flags(ap, [("--set", a.set, qz.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
-                           ("--stats-launch", a.stats_launch, ss.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")])
+    apply_launch_tables(ap, a.set, a.stats_launch, quant_flag="--set")
     if (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS)) != first_tables:
         same = all(_same(reference[name], whole()) for name, (whole, _, _) in st.items())
         flags = " ".join(f"{flag} {spec}" for flag, spec in (("--set", a.set), ("--stats-launch", a.stats_launch))

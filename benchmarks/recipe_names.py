@@ -34,10 +34,16 @@ def set_table_entries(table: dict, spec: str, table_name: str) -> None:
         table[key] = None if value == "None" else int(value)
 
 
-def apply_table_flags(parser, flags) -> None:
-    """``set_table_entries`` for each ``(flag, spec, table, table_name)`` of a script's launch-table
-    flags; a bad entry ends the script through ``parser.error`` naming the flag."""
-    for flag, spec, table, table_name in flags:
+def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: str = "--quant-launch") -> None:
+    """``set_table_entries`` on the two launch tables the benchmarks tune: ``quant_spec`` (given as
+    ``quant_flag``) on ``quantize.ROTATED_LAUNCH``, ``stats_spec`` (``--stats-launch``) on
+    ``sequence_stats.ROTATED_PARTIALS``. A bad entry ends the script through ``parser.error`` naming
+    the flag. The kernel modules are imported here, so that a caller may first choose how Triton runs."""
+    from hf_fp8_attention.kernels import quantize, sequence_stats
+
+    for flag, spec, table, table_name in (
+            (quant_flag, quant_spec, quantize.ROTATED_LAUNCH, "quantize.ROTATED_LAUNCH"),
+            ("--stats-launch", stats_spec, sequence_stats.ROTATED_PARTIALS, "sequence_stats.ROTATED_PARTIALS")):
         try:
             set_table_entries(table, spec, table_name)
         except ValueError as err:
