@@ -1,8 +1,10 @@
 """Recipe names with options, as the benchmarks take them: ``recipe+flag`` is the named recipe
 (:data:`hf_fp8_attention.RECIPES`) with a boolean config option switched on, e.g.
-``fp8_delta_fast+dq_in_stats``; and launch-table entries, ``KEY=VALUE,...``."""
+``fp8_delta_fast+dq_in_stats``, and ``recipe+field=value`` one with a config field set, e.g.
+``fp8_delta+ds_scales=tile``; and launch-table entries, ``KEY=VALUE,...``."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,17 +13,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
 
 CONFIG_FLAGS = ("dq_in_stats",)  # the boolean options a name may switch on
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(FP8AttentionConfig)}
+
+
+def _field_value(field: str, value: str):
+    """``value`` as ``field`` takes it: an int or a bool for those fields, else the string (the config
+    coerces its enums and names the choices of a bad one)."""
+    kind = _FIELD_TYPES[field]
+    if kind in ("int", int):
+        return int(value)
+    if kind in ("bool", bool):
+        if value not in ("true", "false"):
+            raise ValueError(f"{field}={value!r}: true or false")
+        return value == "true"
+    return value
 
 
 def recipe_config(name: str, *, skip: tuple[str, ...] = ()) -> FP8AttentionConfig:
-    """The config ``recipe[+flag...]`` names; parts in ``skip`` (a caller's own modifiers, such as
-    bench_attention.py's logit modifiers) are left to the caller. A ValueError names an unknown
-    recipe or part, or a combination the config refuses."""
+    """The config ``recipe[+flag...][+field=value...]`` names; parts in ``skip`` (a caller's own
+    modifiers, such as bench_attention.py's logit modifiers) are left to the caller. A ValueError
+    names an unknown recipe, part or field, or a combination the config refuses."""
     recipe, *parts = name.split("+")
-    unknown = [p for p in parts if p not in CONFIG_FLAGS and p not in skip]
+    fields = dict(p.partition("=")[::2] for p in parts if "=" in p)
+    unknown = [p for p in parts if "=" not in p and p not in CONFIG_FLAGS and p not in skip]
+    unknown += [f for f in fields if f not in _FIELD_TYPES]
     if unknown:
-        raise ValueError(f"{name}: unknown option(s) {unknown}; known: {', '.join(CONFIG_FLAGS + skip)}")
-    return FP8AttentionConfig.from_recipe(recipe, **{p: True for p in parts if p in CONFIG_FLAGS})
+        raise ValueError(f"{name}: unknown option(s) {unknown}; known: {', '.join(CONFIG_FLAGS + skip)}, "
+                         f"or field=value for a field of FP8AttentionConfig")
+    overrides = {p: True for p in parts if p in CONFIG_FLAGS}
+    overrides.update({f: _field_value(f, v) for f, v in fields.items()})
+    return FP8AttentionConfig.from_recipe(recipe, **overrides)
 
 
 def set_table_entries(table: dict, spec: str, table_name: str) -> None:
