@@ -48,6 +48,15 @@ def test_running_sums_tell_a_shared_error_from_noise():
     assert abs(row["cos_summed_e_m_g"]) < 0.05 and abs(row["cos_summed_e_s_g"]) < 0.05
 
 
+def test_running_sums_refuse_a_vector_without_a_direction():
+    sums = stale_coherence.RunningSums(3)
+    with pytest.raises(ValueError, match="e_s"):
+        sums.add({"g": torch.ones(3), "e_m": torch.ones(3), "e_s": torch.zeros(3)})
+    assert sums.n == 0 and not sums.sum["g"].any() and not sums.square_sum["g"]  # a refused batch leaves nothing
+    with pytest.raises(ValueError, match="non-finite"):
+        sums.add({"g": torch.tensor([1.0, float("nan"), 0.0]), "e_m": torch.ones(3), "e_s": torch.ones(3)})
+
+
 def test_running_sums_tell_a_shortening_error_by_its_direction():
     torch.manual_seed(0)
     sums = stale_coherence.RunningSums(1000)
