@@ -11,8 +11,11 @@ training step (forward + backward of the attention op alone, over what the input
 
 FLOPs: forward 4·B·H·S²·D (halved under a causal mask), backward 2.5x forward, fwd+bwd 3.5x.
 Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 MB L2). The whole
-grid is timed --passes times; the table reports the last pass and the JSON keeps the earlier
-medians beside it, so run-to-run spread is on record. Forward-only rows at S <= 2k sit near the
+grid is timed --passes times, each shape's implementations back to back within a pass; the table
+reports, per cell, the median over the passes after the first (the first also warms the clocks and
+compiles; with one pass, that pass), and each ratio as the median of the per-pass ratios, so a
+drift common to both sides of a ratio cancels. The JSON keeps every pass's median
+(``ms_passes``), so run-to-run spread is on record. Forward-only rows at S <= 2k sit near the
 host's issue time (~0.27 ms per call against 0.34-0.59 ms of GPU time): when the host is slow they
 time the host, and they varied by up to 30% between passes (benchmarks/NOTES.md, "Host time").
 
@@ -36,6 +39,7 @@ import argparse
 import datetime as _dt
 import json
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--memory", action="store_true", help="peak memory of one fwd+bwd per shape")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
-    p.add_argument("--passes", type=int, default=2, help="times the grid is timed; the last pass is reported")
+    p.add_argument("--passes", type=int, default=3,
+                   help="times the grid is timed; the table gives the median over the passes after the first")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--tag", default=None, help="results file name (default: gpu name + date)")
     p.add_argument("--quant-launch", default="", metavar="KEY=VALUE,...",
@@ -213,12 +218,11 @@ def run(args) -> tuple[dict, list[dict]]:
                         row[key] = None
                         continue
                     try:
-                        ms = _time(impl, mode, q, k, v, args.warmup, args.rep)
-                        row[key] = {"ms": ms, "tflops": flops(mode, b, h, s, d, causal) / ms * 1e-9}
                         past = earlier.setdefault((d, causal, h, s, key), [])
-                        if past:
-                            row[key]["ms_earlier_passes"] = list(past)
-                        past.append(ms)
+                        past.append(_time(impl, mode, q, k, v, args.warmup, args.rep))
+                        ms = statistics.median(reported_passes(past))
+                        row[key] = {"ms": ms, "tflops": flops(mode, b, h, s, d, causal) / ms * 1e-9,
+                                    "ms_passes": list(past)}
                     except Exception as err:  # noqa: BLE001 (an unsupported SDPA backend: record it)
                         row[key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             if not last_pass:  # its rows are printed in the last pass; say how far this one got
@@ -259,11 +263,24 @@ def _cell(row, key, field="tflops"):
     return f"{val[field]:.0f}"
 
 
+def reported_passes(values: list) -> list:
+    """The passes a cell reports: all but the first (it warms the clocks and compiles), or the one."""
+    return values[1:] if len(values) > 1 else values
+
+
+def paired_ratio(ours_ms: list, ref_ms: list) -> float:
+    """Speed of ours over the reference: the median over the reported passes of ref_ms / ours_ms,
+    each pass's pair timed back to back (a drift that slows both sides of one pass cancels)."""
+    if len(ours_ms) != len(ref_ms):
+        raise ValueError(f"paired_ratio: {len(ours_ms)} passes of ours against {len(ref_ms)} of the reference")
+    return statistics.median(r / o for o, r in zip(reported_passes(ours_ms), reported_passes(ref_ms)))
+
+
 def _ratio(row, key, ref):
     a, b = row.get(key), row.get(ref)
     if not a or not b or "error" in a or "error" in b:
         return "n/a"
-    return f"{a['tflops'] / b['tflops']:.2f}"
+    return f"{paired_ratio(a['ms_passes'], b['ms_passes']):.2f}"
 
 
 def render(env, rows, args) -> str:
@@ -281,7 +298,10 @@ def render(env, rows, args) -> str:
     lines.append("")
     lines.append("TFLOP/s (forward 4·B·H·S²·D, halved when causal; backward 2.5x; fwd+bwd 3.5x). "
                  "Ratios: ours / SDPA cuDNN (x cudnn) and ours / SDPA flash (x flash). "
-                 f"Medians of do_bench ({args.warmup} ms warm-up, {args.rep} ms), pass {args.passes} of {args.passes}.")
+                 f"Medians of do_bench ({args.warmup} ms warm-up, {args.rep} ms); "
+                 + (f"each cell the median of passes 2-{args.passes} of {args.passes}, each ratio the median of "
+                    "those passes' ratios (each pass times a shape's implementations back to back)."
+                    if args.passes > 1 else "one pass."))
     for mode in args.modes:
         lines += ["", f"## {mode}", ""]
         head = ["causal", "H", "D", "S", "B"] + [f"sdpa_{n}" for n in args.sdpa]
