@@ -28,6 +28,7 @@ versions, and prints the table last.
     python benchmarks/bench_attention.py --configs fp8_delta,fp8_delta+softcap,fp8_delta+sinks
     python benchmarks/bench_attention.py --quant-launch maxnreg=None,row_stages=None   # another table
     python benchmarks/bench_attention.py --stats-launch stages=None   # another statistics table
+    python benchmarks/bench_attention.py --memory --modes fwdbwd --backward-chunks 2   # the backward in chunks
 
 A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
 (one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
@@ -83,8 +84,16 @@ def parse_args(argv=None):
                    help="entries of quantize.ROTATED_LAUNCH for this run (e.g. maxnreg=None,row_stages=None)")
     p.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                    help="entries of sequence_stats.ROTATED_PARTIALS for this run (e.g. stages=None)")
+    p.add_argument("--backward-chunks", type=int, default=None, metavar="N",
+                   help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     args = p.parse_args(argv)
     apply_launch_tables(p, args.quant_launch, args.stats_launch)
+    if args.backward_chunks is not None:
+        if args.backward_chunks < 1:
+            p.error(f"--backward-chunks must be at least 1, got {args.backward_chunks}")
+        from hf_fp8_attention.kernels.backward import LAUNCH as BACKWARD_LAUNCH
+
+        BACKWARD_LAUNCH["backward_chunks"] = args.backward_chunks
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
@@ -292,6 +301,8 @@ def render(env, rows, args) -> str:
         lines += ["", f"Quantization launch table set for this run: `{args.quant_launch}`"]
     if args.stats_launch:
         lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
+    if args.backward_chunks is not None:
+        lines += ["", f"FP8 backward in {args.backward_chunks} chunk(s) for this run (`--backward-chunks`)"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

@@ -82,3 +82,20 @@ def test_dq_first_where_its_launch_forms_the_statistics(recipe, overrides, monke
     assert launches == dq + dkdv and len(dq) == 1 and dkdv, launches
     assert dq[0][1:] == (True, seven, 1, 0)  # dK and dV not allocated yet
     assert all(x[2:] == (seven - k_copy, 1, 2) for x in dkdv)  # K's channel-wise copy freed
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_stale_token"])
+def test_chunks_hold_one_chunks_copies_beside_the_whole_gradients(recipe, monkeypatch):
+    """``LAUNCH["backward_chunks"] = 2`` on one batch row: two chunks of one kv head each. The three
+    gradients are allocated whole before the first launch; every launch holds half the copies."""
+    from hf_fp8_attention.kernels import backward
+
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    launches, q_copy, k_copy = _stock(recipe, monkeypatch)
+    seven = 4 * q_copy + 3 * k_copy
+    grads = [x for x in launches if x[1] or x[0] == "bwd_dkdv_fp8_kernel"]
+    assert len(grads) >= 4, launches  # dQ and dK/dV launches of both chunks
+    assert max(x[2] for x in launches) == seven // 2, launches  # one chunk's copies at a time
+    # dQ whole from the first launch on (a chunk's query slice of 2 heads has K's shape, so the
+    # dK-shaped count also holds views and only bounds dK and dV from below)
+    assert all(x[3] == 1 and x[4] >= 2 for x in launches), launches

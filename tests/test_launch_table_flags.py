@@ -53,3 +53,16 @@ def test_bench_attention_stats_launch_sets_the_table(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--stats-launch", "row_stages=2"])
     assert "--stats-launch: 'row_stages' is not an entry of sequence_stats.ROTATED_PARTIALS" in capsys.readouterr().err
+
+
+def test_bench_attention_backward_chunks_sets_the_table(monkeypatch, capsys):
+    pytest.importorskip("triton")
+    import bench_attention
+    from hf_fp8_attention.kernels import backward
+
+    monkeypatch.setattr(backward, "LAUNCH", dict(backward.LAUNCH))
+    bench_attention.parse_args(["--backward-chunks", "2", "--modes", "fwdbwd"])
+    assert backward.LAUNCH["backward_chunks"] == 2
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--backward-chunks", "0"])
+    assert "--backward-chunks must be at least 1, got 0" in capsys.readouterr().err

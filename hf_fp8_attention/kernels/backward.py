@@ -130,6 +130,11 @@ LAUNCH = {
     # at 8k causal, B = 2, H = 16 on the H200 (benchmarks/NOTES.md, "Backward").
     "gluon_dq_stats": (128,),
     "inreg": {"dq": {"num_warps": 4, "num_stages": 1}, "dkdv": {"num_warps": 8, "num_stages": 1}},
+    # The FP8 backward in this many chunks (batch rows; kv heads when B = 1), each quantizing only
+    # its own slice of Q, K, V and dO: the seven transient FP8 copies shrink by this factor while the
+    # gradients are written in place (:func:`_chunked_backward`). Every scale is per (sequence,
+    # head), so the gradients are the same bits. 1: one pass over the whole batch.
+    "backward_chunks": 1,
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
 # Per 64 rows of a warpgroup, a 256-channel fp32 accumulator is 128 registers per thread, as many as
@@ -197,11 +202,14 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
                              "registers and shared memory; keep LAUNCH['prequant'] = True")
 
 
-def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None, q_stats=None):
+def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None, q_stats=None,
+            grads=None, sink_entries_only=False):
     """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
     sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included).
     ``kv_stats`` / ``q_stats``: K's and V's / Q's sequence statistics from the forward (see
-    :func:`triton_backward`)."""
+    :func:`triton_backward`). ``grads``: contiguous ``(dq, dk, dv)`` to write the gradients into
+    (zeroed for a varlen batch), instead of allocating them. ``sink_entries_only``: the last item is
+    the sinks' per-row entries ``(B, Hq, Sq)`` instead of their sum dsinks."""
     check_dq_in_stats(config, softcap, sinks)
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
     lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
@@ -228,9 +236,11 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     prequant = fp8 and LAUNCH["prequant"]
 
     def q_grad():
-        return alloc(q.shape, dtype=q.dtype, device=dev)
+        return grads[0] if grads is not None else alloc(q.shape, dtype=q.dtype, device=dev)
 
     def kv_grads():
+        if grads is not None:
+            return grads[1], grads[2]
         return alloc(k.shape, dtype=k.dtype, device=dev), alloc(v.shape, dtype=v.dtype, device=dev)
 
     if prequant:
@@ -247,7 +257,10 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         delta = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev)
     dbg_ds = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
     dbg_pabs = torch.zeros((b * hq, sq_total), dtype=torch.float32, device=dev) if debug else delta
-    no_sinks = None if mods.sinks2 is None else torch.zeros_like(mods.sinks2)
+    no_sinks = None
+    if mods.sinks2 is not None:  # dsinks, or its per-row entries
+        no_sinks = (torch.zeros(b, hq, sq_total, dtype=torch.float32, device=dev) if sink_entries_only
+                    else torch.zeros_like(mods.sinks2))
     if n_seq == 0 or max_q == 0:
         return (q_grad().zero_(), *(t.zero_() for t in kv_grads()), dbg_ds, dbg_pabs, no_sinks)
     o = out if out is not None else q  # O is read only by the stale kernel
@@ -256,7 +269,8 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         dq, dk, dv = _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs,
                                  cu_q, cu_k, n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
-        return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug))
+        sink = _sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug, sink_entries_only)
+        return (dq, dk, dv, dbg_ds, dbg_pabs, *sink)
     dq, (dk, dv) = q_grad(), kv_grads()
     dp = padded_head_dim(d)
     inreg = launch_table(dp)["inreg"]
@@ -293,18 +307,20 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         *dims, window, qk_scale, float(scale), softcap2,
         **common, **mod_meta, BLOCK_Q=bq_kv, BLOCK_K=bk_kv, **launch_dkdv, **COMPILE_OPTIONS,
     )
-    return (dq, dk, dv, dbg_ds, dbg_pabs, *_sink_grad(mods, lse2, delta, dbg_ds, mask, b, sq_total, debug))
+    sink = _sink_grad(mods, lse2, delta, dbg_ds, mask, b, sq_total, debug, sink_entries_only)
+    return (dq, dk, dv, dbg_ds, dbg_pabs, *sink)
 
 
-def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug) -> tuple:
+def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug, entries_only=False) -> tuple:
     """``(dsinks,)`` from the statistics (see :func:`.logit_mods.sink_entries`; ``(None,)`` without
-    sinks); with ``debug`` the sink entries join the debug row sums ``dbg_ds`` (in place)."""
+    sinks), or with ``entries_only`` ``(entries,)`` before their sum; with ``debug`` the sink entries
+    join the debug row sums ``dbg_ds`` (in place)."""
     if mods.sinks2 is None:
         return (None,)
     entries = sink_entries(mods.sinks2, lse2, delta, mask, b, sq_total)
     if debug:
         dbg_ds += entries.reshape(dbg_ds.shape)
-    return (sink_grad(entries),)
+    return (entries if entries_only else sink_grad(entries),)
 
 
 def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
@@ -528,9 +544,67 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
     """
+    chunks = _chunk_slices(q, k, mask, config)
+    if len(chunks) > 1:
+        return _chunked_backward(q, k, v, out, lse, dout, scale, mask, config, softcap, sinks, kv_stats, q_stats,
+                                 chunks)
     dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats,
                                        q_stats)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
+
+
+def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tuple[slice, slice, slice]]:
+    """``[(batch rows, query heads, kv heads), ...]``: the chunks of ``LAUNCH["backward_chunks"]``
+    for the FP8 backward on pre-quantized operands (one chunk elsewhere). Chunks split the batch
+    rows, or with one row (every varlen batch) the kv heads with their query heads, so that each
+    chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
+    whole = [(slice(None), slice(None), slice(None))]
+    n = int(LAUNCH["backward_chunks"])
+    if n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]:
+        return whole
+    b, hq = q.shape[:2]
+    hkv = k.shape[1]
+    g = hq // hkv
+    if b > 1 and not mask.is_varlen:
+        return [(slice(lo, hi), slice(None), slice(None)) for lo, hi in _even_ranges(b, n)]
+    return [(slice(None), slice(lo * g, hi * g), slice(lo, hi)) for lo, hi in _even_ranges(hkv, n)]
+
+
+def _even_ranges(total: int, n: int) -> list[tuple[int, int]]:
+    """``min(n, total)`` consecutive ranges covering ``range(total)``, sizes differing by at most one."""
+    n = min(n, total)
+    bounds = [total * i // n for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _slice_stats(stats, rows: slice, heads: slice):
+    """A :class:`.sequence_stats.SequenceStats` (fields ``(n_seq, H, ...)``), or a tuple of them / None,
+    restricted to a chunk's sequences and heads (contiguous, as the kernels read them)."""
+    if stats is None:
+        return None
+    if isinstance(stats, tuple) and not hasattr(stats, "_fields"):
+        return tuple(_slice_stats(st, rows, heads) for st in stats)
+    return type(stats)(*(field[rows, heads].contiguous() for field in stats))
+
+
+def _chunked_backward(q, k, v, out, lse, dout, scale, mask, config, softcap, sinks, kv_stats, q_stats, chunks):
+    """:func:`triton_backward` one chunk at a time (:func:`_chunk_slices`): the three gradients are
+    allocated once, whole, and each chunk's launches write their slice of them, so at any time only
+    one chunk's FP8 copies are live. Each chunk is a whole (sequence, head) set, the unit of every
+    scale and statistic, so the result is the one-pass result bit for bit."""
+    alloc = torch.zeros if mask.is_varlen else torch.empty  # tokens outside every sequence get zero gradients
+    dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    # The sinks' per-row entries, summed once at the end in the one-pass order.
+    entries = None if sinks is None else torch.zeros(lse.shape, dtype=torch.float32, device=lse.device)
+    for rows, qh, kh in chunks:
+        part = _launch(q[rows, qh], k[rows, kh], v[rows, kh], None if out is None else out[rows, qh],
+                       lse[rows, qh], dout[rows, qh], scale, mask, config, False, softcap,
+                       None if sinks is None else sinks[qh], _slice_stats(kv_stats, rows, kh),
+                       _slice_stats(q_stats, rows, qh), grads=(dq[rows, qh], dk[rows, kh], dv[rows, kh]),
+                       sink_entries_only=True)
+        if entries is not None:
+            entries[rows, qh] = part[5]
+    return (dq, dk, dv) if entries is None else (dq, dk, dv, sink_grad(entries))
 
 
 def triton_backward_row_sums(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig,

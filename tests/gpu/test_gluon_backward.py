@@ -210,3 +210,20 @@ def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monke
     for label, x, r in zip(("dq", "dk", "dv"), got, want):
         assert torch.isnan(r).any(), f"{label}: the Triton launches show the NaN"
         assert torch.equal(torch.isnan(x), torch.isnan(r)), label
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+@pytest.mark.parametrize("shape", ["causal_gqa_d128", "dense_d128_sq_lt_sk"])
+def test_gluon_backward_in_chunks_equals_one_pass(shape, recipe, gluon_calls, monkeypatch):
+    """``LAUNCH["backward_chunks"] = 2``: kv-head chunks (one batch row) or batch-row chunks, each
+    chunk's Gluon launches writing their slice of the whole gradients: the same bits as one pass."""
+    config, dtype = RECIPES[recipe], torch.bfloat16
+    tensors, mask, scale, scope = _problem(shape, config, seed=13)
+    one_pass = _gpu_backward(tensors, mask, scale, config, dtype)
+    once = dict(gluon_calls)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    chunked = _gpu_backward(tensors, mask, scale, config, dtype)
+    assert {key: gluon_calls[key] - once[key] for key in KERNELS} == {key: 2 * int(inside)
+                                                                       for key, inside in scope.items()}
+    for label, a, b in zip(("dq", "dk", "dv"), chunked, one_pass):
+        assert torch.equal(a, b), label

@@ -1,0 +1,73 @@
+"""The FP8 backward in chunks (``LAUNCH["backward_chunks"]``: batch rows, or kv heads with their
+query heads when B = 1), under the Triton interpreter: every scale and statistic is per (sequence,
+head), so the chunked gradients equal the one-pass ones bit for bit, with the forward's statistics
+handed over, GQA, packed sequences, the stale delta and sinks."""
+import pytest
+import torch
+
+from helpers import make_qkv
+from hf_fp8_attention import RECIPES
+from hf_fp8_attention.kernels import backward
+from hf_fp8_attention.kernels.backward import triton_backward
+from hf_fp8_attention.kernels.forward import triton_forward
+from hf_fp8_attention.kernels.quantize import interpreting
+from hf_fp8_attention.masking import MaskSpec
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="the interpreter's CPU run of the kernels")
+
+
+def _packed() -> MaskSpec:
+    cu = torch.tensor([0, 15, 15, 40], dtype=torch.int32)  # one sequence empty
+    return MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25)
+
+
+# (recipe, batch rows, query heads, kv heads, packed, sinks, chunks): two batch-row chunks of
+# unequal size; kv-head chunks with GQA and the forward's Q statistics (fast recipe); packed
+# sequences with the stale delta (which reads O); sinks, whose gradient sums over batch rows and
+# tokens, over batch-row and over kv-head chunks (packed); more chunks asked for than kv heads.
+CASES = [
+    ("fp8_delta", 3, 4, 2, False, False, 2),
+    ("fp8_delta_fast", 1, 6, 3, False, False, 2),
+    ("fp8_stale", 1, 4, 2, True, False, 2),
+    ("fp8_delta", 3, 2, 1, False, True, 2),
+    ("fp8_delta", 1, 4, 2, True, True, 2),
+    ("fp8_delta", 1, 4, 2, False, False, 4),
+]
+
+
+@pytest.mark.parametrize("recipe, b, hq, hkv, packed, with_sinks, chunks", CASES)
+def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks, chunks, monkeypatch):
+    config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = make_qkv(b, hq, hkv, 40, d=64, dtype=torch.float32, seed=7, outliers=True)
+    mask, scale = (_packed() if packed else MaskSpec(causal=True)), 0.125
+    sinks = torch.linspace(-1.0, 1.0, hq) if with_sinks else None
+    kept = {}
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, sinks=sinks,
+                              for_backward=kept)
+    kwargs = dict(scale=scale, mask=mask, config=config, sinks=sinks, kv_stats=kept.get("kv_stats"),
+                  q_stats=kept.get("q_stats"))
+    one_pass = triton_backward(q, k, v, out, lse, dout, **kwargs)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
+    n = len(backward._chunk_slices(q, k, mask, config))
+    assert n == min(chunks, b if b > 1 and not packed else hkv)
+    chunked = triton_backward(q, k, v, out, lse, dout, **kwargs)
+    assert len(chunked) == len(one_pass)
+    for name, a, c in zip(("dq", "dk", "dv", "dsinks"), chunked, one_pass):
+        assert a.shape == c.shape and a.is_contiguous(), name
+        assert torch.equal(a, c), name
+
+
+def test_chunks_apply_to_the_pre_quantized_fp8_backward_only(monkeypatch):
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    q, k, _, _ = make_qkv(2, 4, 2, 32, d=64, dtype=torch.float32)
+    mask = MaskSpec(causal=True)
+    assert len(backward._chunk_slices(q, k, mask, RECIPES["fp8_delta"])) == 2
+    assert len(backward._chunk_slices(q, k, mask, RECIPES["hybrid_delta"])) == 1  # no FP8 copies to shrink
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 1)
+    assert len(backward._chunk_slices(q, k, mask, RECIPES["fp8_delta"])) == 1
+
+
+def test_even_ranges_cover_every_row_once():
+    assert backward._even_ranges(3, 2) == [(0, 1), (1, 3)]
+    assert backward._even_ranges(2, 4) == [(0, 1), (1, 2)]
+    assert backward._even_ranges(16, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]
