@@ -21,24 +21,29 @@ def _packed() -> MaskSpec:
     return MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25)
 
 
-# (recipe, batch rows, query heads, kv heads, packed, sinks, chunks): two batch-row chunks of
-# unequal size; kv-head chunks with GQA and the forward's Q statistics (fast recipe); packed
-# sequences with the stale delta (which reads O); sinks, whose gradient sums over batch rows and
-# tokens, over batch-row and over kv-head chunks (packed); more chunks asked for than kv heads.
+# (recipe, batch rows, query heads, kv heads, packed, sinks, chunks, inputs in the (B, S, H, D)
+# layout Transformers hands over, transposed): two batch-row chunks of unequal size; kv-head chunks
+# with GQA and the forward's Q statistics (fast recipe); packed sequences with the stale delta
+# (which reads O); sinks, whose gradient sums over batch rows and tokens, over batch-row and over
+# kv-head chunks (packed); more chunks asked for than kv heads; strided inputs.
 CASES = [
-    ("fp8_delta", 3, 4, 2, False, False, 2),
-    ("fp8_delta_fast", 1, 6, 3, False, False, 2),
-    ("fp8_stale", 1, 4, 2, True, False, 2),
-    ("fp8_delta", 3, 2, 1, False, True, 2),
-    ("fp8_delta", 1, 4, 2, True, True, 2),
-    ("fp8_delta", 1, 4, 2, False, False, 4),
+    ("fp8_delta", 3, 4, 2, False, False, 2, False),
+    ("fp8_delta_fast", 1, 6, 3, False, False, 2, False),
+    ("fp8_stale", 1, 4, 2, True, False, 2, False),
+    ("fp8_delta", 3, 2, 1, False, True, 2, False),
+    ("fp8_delta", 1, 4, 2, True, True, 2, False),
+    ("fp8_delta", 1, 4, 2, False, False, 4, False),
+    ("fp8_delta_fast", 2, 4, 2, False, False, 2, True),
 ]
 
 
-@pytest.mark.parametrize("recipe, b, hq, hkv, packed, with_sinks, chunks", CASES)
-def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks, chunks, monkeypatch):
+@pytest.mark.parametrize("recipe, b, hq, hkv, packed, with_sinks, chunks, transposed", CASES)
+def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks, chunks, transposed, monkeypatch):
     config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
     q, k, v, dout = make_qkv(b, hq, hkv, 40, d=64, dtype=torch.float32, seed=7, outliers=True)
+    if transposed:  # the same values, strided as (B, S, H, D) memory seen as (B, H, S, D)
+        q, k, v, dout = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, dout))
+        assert not q.is_contiguous()
     mask, scale = (_packed() if packed else MaskSpec(causal=True)), 0.125
     sinks = torch.linspace(-1.0, 1.0, hq) if with_sinks else None
     kept = {}
