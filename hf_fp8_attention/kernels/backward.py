@@ -184,6 +184,12 @@ def _prequant_launch(kernel: str, block_q: int, block_k: int, dp: int) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _gradient_alloc(mask: MaskSpec):
+    """How gradients are allocated: zeroed for a packed batch (tokens outside every sequence get zero
+    gradients, no launch writes them), else uninitialised (every element is written)."""
+    return torch.zeros if mask.is_varlen else torch.empty
+
+
 def _check_limits(q, config: FP8AttentionConfig) -> None:
     """The kernels' own limits (the call itself is validated once, by ``functional.fp8_attention``):
     CUDA tensors (or the interpreter) and recipe blocks a GPU compile can run. The grid limit is
@@ -226,11 +232,10 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         cu_q, cu_k = mask.cu_seqlens_q, mask.cu_seqlens_k  # int32, contiguous (MaskSpec)
         n_seq = cu_q.numel() - 1
         max_q, max_k = varlen_max_lengths(mask)  # (0, 0) without sequences
-        alloc = torch.zeros  # tokens outside every sequence get zero gradients
     else:
         cu_q = cu_k = lse  # dummies, never read (the kernels load them only when VARLEN)
         n_seq, max_q, max_k = b, sq_total, sk_total
-        alloc = torch.empty
+    alloc = _gradient_alloc(mask)
     if n_seq * hq > 65535:  # grid axis 1 holds (sequence, head) pairs
         raise ValueError(f"triton_backward: sequences x heads = {n_seq * hq} exceeds the grid limit 65535")
     prequant = fp8 and LAUNCH["prequant"]
@@ -578,12 +583,10 @@ def _even_ranges(total: int, n: int) -> list[tuple[int, int]]:
 
 
 def _slice_stats(stats, rows: slice, heads: slice):
-    """A :class:`.sequence_stats.SequenceStats` (fields ``(n_seq, H, ...)``), or a tuple of them / None,
-    restricted to a chunk's sequences and heads (contiguous, as the kernels read them)."""
+    """A :class:`.sequence_stats.SequenceStats` (fields ``(n_seq, H, ...)``; or None) restricted to a
+    chunk's sequences and heads (contiguous, as the kernels read them)."""
     if stats is None:
         return None
-    if isinstance(stats, tuple) and not hasattr(stats, "_fields"):
-        return tuple(_slice_stats(st, rows, heads) for st in stats)
     return type(stats)(*(field[rows, heads].contiguous() for field in stats))
 
 
@@ -592,14 +595,15 @@ def _chunked_backward(q, k, v, out, lse, dout, scale, mask, config, softcap, sin
     allocated once, whole, and each chunk's launches write their slice of them, so at any time only
     one chunk's FP8 copies are live. Each chunk is a whole (sequence, head) set, the unit of every
     scale and statistic, so the result is the one-pass result bit for bit."""
-    alloc = torch.zeros if mask.is_varlen else torch.empty  # tokens outside every sequence get zero gradients
+    alloc = _gradient_alloc(mask)
     dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     # The sinks' per-row entries, summed once at the end in the one-pass order.
     entries = None if sinks is None else torch.zeros(lse.shape, dtype=torch.float32, device=lse.device)
     for rows, qh, kh in chunks:
         part = _launch(q[rows, qh], k[rows, kh], v[rows, kh], None if out is None else out[rows, qh],
                        lse[rows, qh], dout[rows, qh], scale, mask, config, False, softcap,
-                       None if sinks is None else sinks[qh], _slice_stats(kv_stats, rows, kh),
+                       None if sinks is None else sinks[qh],
+                       None if kv_stats is None else tuple(_slice_stats(st, rows, kh) for st in kv_stats),
                        _slice_stats(q_stats, rows, qh), grads=(dq[rows, qh], dk[rows, kh], dv[rows, kh]),
                        sink_entries_only=True)
         if entries is not None:
