@@ -51,8 +51,9 @@ def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks
                               for_backward=kept)
     kwargs = dict(scale=scale, mask=mask, config=config, sinks=sinks, kv_stats=kept.get("kv_stats"),
                   q_stats=kept.get("q_stats"))
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 1)
     one_pass = triton_backward(q, k, v, out, lse, dout, **kwargs)
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
+    _chunk_every_call(monkeypatch, chunks)
     n = len(backward._chunk_slices(q, k, mask, config))
     assert n == min(chunks, b if b > 1 and not packed else hkv)
     chunked = triton_backward(q, k, v, out, lse, dout, **kwargs)
@@ -62,8 +63,15 @@ def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks
         assert torch.equal(a, c), name
 
 
+def _chunk_every_call(monkeypatch, chunks: int) -> None:
+    """``chunks`` chunks for calls of any size (the tests' problems are far below the default
+    ``backward_chunk_min_elements``)."""
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)
+
+
 def test_chunks_apply_to_the_pre_quantized_fp8_backward_only(monkeypatch):
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    _chunk_every_call(monkeypatch, 2)
     q, k, _, _ = make_qkv(2, 4, 2, 32, d=64, dtype=torch.float32)
     mask = MaskSpec(causal=True)
     assert len(backward._chunk_slices(q, k, mask, RECIPES["fp8_delta"])) == 2
@@ -76,3 +84,21 @@ def test_even_ranges_cover_every_row_once():
     assert backward._even_ranges(3, 2) == [(0, 1), (1, 3)]
     assert backward._even_ranges(2, 4) == [(0, 1), (1, 2)]
     assert backward._even_ranges(16, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+
+
+def test_chunks_only_from_the_size_threshold_on(monkeypatch):
+    """The default table chunks large calls only: one pass below ``backward_chunk_min_elements``
+    query elements, ``backward_chunks`` from it on (shapes only: meta tensors, no kernel runs)."""
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 1 << 24)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    config, mask = RECIPES["fp8_delta"], MaskSpec(causal=True)
+
+    def chunks(b, hq, hkv, s, d=128):
+        q = torch.empty(b, hq, s, d, device="meta")
+        k = torch.empty(b, hkv, s, d, device="meta")
+        return len(backward._chunk_slices(q, k, mask, config))
+
+    assert chunks(1, 16, 8, 8192 - 128) == 1  # just below 2^24 query elements
+    assert chunks(1, 16, 8, 8192) == 2  # kv-head chunks
+    assert chunks(2, 16, 16, 8192) == 2  # batch-row chunks
+    assert chunks(8, 32, 8, 256) == 1  # many short rows: below the threshold

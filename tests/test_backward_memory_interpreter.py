@@ -91,6 +91,7 @@ def test_chunks_hold_one_chunks_copies_beside_the_whole_gradients(recipe, monkey
     from hf_fp8_attention.kernels import backward
 
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)  # the test's call is small
     launches, q_copy, k_copy = _stock(recipe, monkeypatch)
     seven = 4 * q_copy + 3 * k_copy
     grads = [x for x in launches if x[1] or x[0] == "bwd_dkdv_fp8_kernel"]

@@ -61,8 +61,10 @@ def test_bench_attention_backward_chunks_sets_the_table(monkeypatch, capsys):
     from hf_fp8_attention.kernels import backward
 
     monkeypatch.setattr(backward, "LAUNCH", dict(backward.LAUNCH))
-    bench_attention.parse_args(["--backward-chunks", "2", "--modes", "fwdbwd"])
-    assert backward.LAUNCH["backward_chunks"] == 2
+    bench_attention.parse_args(["--backward-chunks", "3", "--modes", "fwdbwd"])
+    assert backward.LAUNCH["backward_chunks"] == 3
+    bench_attention.parse_args(["--backward-chunks", "1", "--modes", "fwdbwd"])
+    assert backward.LAUNCH["backward_chunks"] == 1
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--backward-chunks", "0"])
     assert "--backward-chunks must be at least 1, got 0" in capsys.readouterr().err

@@ -133,8 +133,14 @@ LAUNCH = {
     # The FP8 backward in this many chunks (batch rows; kv heads when B = 1), each quantizing only
     # its own slice of Q, K, V and dO: the seven transient FP8 copies shrink by this factor while the
     # gradients are written in place (:func:`_chunked_backward`). Every scale is per (sequence,
-    # head), so the gradients are the same bits. 1: one pass over the whole batch.
-    "backward_chunks": 1,
+    # head), so the gradients are the same bits. 1: one pass over the whole batch. Two chunks took
+    # one fwd+bwd's peak at 16k tokens, H = 16, d = 128 from 427 to 375 MiB over the inputs (cuDNN:
+    # 387) for a backward 1.5-10% slower, median ~3% (H100; benchmarks/NOTES.md, "Backward").
+    "backward_chunks": 2,
+    # ... but only for calls with at least this many query elements (B·Hq·Sq·D; 2^24 is 8k tokens
+    # at H = 16, d = 128, 16 MiB of Q's codes): below it the copies are small and the extra launches'
+    # host time is a larger share of the call.
+    "backward_chunk_min_elements": 1 << 24,
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
 # Per 64 rows of a warpgroup, a 256-channel fp32 accumulator is 128 registers per thread, as many as
@@ -560,12 +566,15 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
 
 def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tuple[slice, slice, slice]]:
     """``[(batch rows, query heads, kv heads), ...]``: the chunks of ``LAUNCH["backward_chunks"]``
-    for the FP8 backward on pre-quantized operands (one chunk elsewhere). Chunks split the batch
+    for the FP8 backward on pre-quantized operands with at least
+    ``LAUNCH["backward_chunk_min_elements"]`` query elements (one chunk elsewhere). Chunks split the batch
     rows, or with one row (every varlen batch) the kv heads with their query heads, so that each
     chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
     whole = [(slice(None), slice(None), slice(None))]
     n = int(LAUNCH["backward_chunks"])
     if n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]:
+        return whole
+    if q.numel() < LAUNCH["backward_chunk_min_elements"]:
         return whole
     b, hq = q.shape[:2]
     hkv = k.shape[1]

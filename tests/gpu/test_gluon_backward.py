@@ -219,9 +219,11 @@ def test_gluon_backward_in_chunks_equals_one_pass(shape, recipe, gluon_calls, mo
     chunk's Gluon launches writing their slice of the whole gradients: the same bits as one pass."""
     config, dtype = RECIPES[recipe], torch.bfloat16
     tensors, mask, scale, scope = _problem(shape, config, seed=13)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 1)
     one_pass = _gpu_backward(tensors, mask, scale, config, dtype)
     once = dict(gluon_calls)
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)  # the test's call is small
     chunked = _gpu_backward(tensors, mask, scale, config, dtype)
     assert {key: gluon_calls[key] - once[key] for key in KERNELS} == {key: 2 * int(inside)
                                                                        for key, inside in scope.items()}
