@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import platform
 import statistics
 import sys
@@ -226,13 +227,14 @@ def run(args) -> tuple[dict, list[dict]]:
                     if name.startswith("fp8") and mode != "fwd" and not bwd_ok:
                         row[key] = None
                         continue
+                    past = earlier.setdefault((d, causal, h, s, key), [])
                     try:
-                        past = earlier.setdefault((d, causal, h, s, key), [])
                         past.append(_time(impl, mode, q, k, v, args.warmup, args.rep))
-                        ms = statistics.median(reported_passes(past))
+                        ms = statistics.median(x for x in reported_passes(past) if x is not None)
                         row[key] = {"ms": ms, "tflops": flops(mode, b, h, s, d, causal) / ms * 1e-9,
                                     "ms_passes": list(past)}
                     except Exception as err:  # noqa: BLE001 (an unsupported SDPA backend: record it)
+                        past.append(None)  # keeps the passes aligned with the other implementations'
                         row[key] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             if not last_pass:  # its rows are printed in the last pass; say how far this one got
                 print(f"pass {pass_no} of {args.passes}: S={s} H={h} D={d} causal={causal} timed", flush=True)
@@ -279,17 +281,21 @@ def reported_passes(values: list) -> list:
 
 def paired_ratio(ours_ms: list, ref_ms: list) -> float:
     """Speed of ours over the reference: the median over the reported passes of ref_ms / ours_ms,
-    each pass's pair timed back to back (a drift that slows both sides of one pass cancels)."""
+    each pass's pair timed back to back (a drift that slows both sides of one pass cancels). A pass
+    where either side failed (None) pairs with nothing; NaN when no pass has both."""
     if len(ours_ms) != len(ref_ms):
         raise ValueError(f"paired_ratio: {len(ours_ms)} passes of ours against {len(ref_ms)} of the reference")
-    return statistics.median(r / o for o, r in zip(reported_passes(ours_ms), reported_passes(ref_ms)))
+    pairs = [(o, r) for o, r in zip(reported_passes(ours_ms), reported_passes(ref_ms))
+             if o is not None and r is not None]
+    return statistics.median(r / o for o, r in pairs) if pairs else float("nan")
 
 
 def _ratio(row, key, ref):
     a, b = row.get(key), row.get(ref)
     if not a or not b or "error" in a or "error" in b:
         return "n/a"
-    return f"{paired_ratio(a['ms_passes'], b['ms_passes']):.2f}"
+    ratio = paired_ratio(a["ms_passes"], b["ms_passes"])
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}"
 
 
 def render(env, rows, args) -> str:

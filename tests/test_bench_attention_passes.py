@@ -2,6 +2,7 @@
 first, each ratio the median of the per-pass ratios (a drift common to both sides cancels)."""
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ def test_paired_ratio_cancels_a_drift_both_sides_share():
 def test_paired_ratio_refuses_unequal_pass_counts():
     with pytest.raises(ValueError, match="2 passes of ours against 3 of the reference"):
         bench_attention.paired_ratio([1.0, 1.0], [1.0, 1.0, 1.0])
+
+
+def test_paired_ratio_skips_passes_where_a_side_failed():
+    # Pass 2 of ours failed (None): the ratio comes from pass 3 alone; no pass with both: NaN.
+    assert bench_attention.paired_ratio([2.0, None, 1.0], [3.0, 1.5, 1.5]) == pytest.approx(1.5)
+    assert math.isnan(bench_attention.paired_ratio([2.0, None, 1.0], [3.0, 1.5, None]))
 
 
 def test_render_reports_median_cells_and_paired_ratios():
