@@ -100,7 +100,7 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 
 # A Gluon kernel's constexpr switch -> the module constant that sets it at launch.
 GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
-                  "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED"}
+                  "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG"}
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True):

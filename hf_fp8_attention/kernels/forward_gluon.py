@@ -18,9 +18,10 @@ Why: the Triton launch runs the two products and the per-score work of a tile on
 in each warp (0.74 PFLOP/s at 8k causal; the products alone take ~2/3 of its time, the per-score
 work alone about as much: benchmarks/NOTES.md, "What limits the kernels"). Here a producer warp
 (``gluon_hopper.query_side_producer``) brings each key tile's K codes and Vᵀ codes by TMA into a
-``STAGES``-deep ring, and two consumer warpgroups own 64 queries each (128 per program). Each issues tile t's P·V and tile t+1's S
-together and waits for both at once (``MERGED_WAITS``), so the tensor cores get both products of
-one warpgroup while the other works on its scores.
+``STAGES``-deep ring, and two consumer warpgroups own 64 queries each (128 per program). Each
+issues tile t's P·V and tile t+1's S together and waits for both at once (``MERGED_WAITS``), so the
+tensor cores get both products of one warpgroup while the other works on its scores; ``PINGPONG``
+(off) makes the two warpgroups take turns at issuing them.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
 Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 (``config.block_k``,
@@ -54,11 +55,17 @@ Q_IN_REGISTERS = False
 # P·V (False). On the H200 (fast recipe, B·S = 16k, H = 16): the kernel 760 -> 725 us at 8k causal
 # (716 with 3 ring slots), the forward 2-7% faster than with two waits (benchmarks/NOTES.md, "Forward").
 MERGED_WAITS = True
+# Ping-pong of the two consumer warpgroups (FlashAttention-3's warp-scheduler barriers; merged waits
+# only): each waits for its turn before issuing a tile's products and hands the turn over after
+# issuing them, so the tensor cores take one warpgroup's products whole, then the other's, and the
+# two drift half a tile apart: one's exponentials under the other's products.
+PINGPONG = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
-LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES")
-LAYOUTS = {"q_shared_merged_s3": (False, True, 3), "q_shared_merged": (False, True, 2),
-           "q_shared": (False, False, 2), "q_registers": (True, False, 2)}
+LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "PINGPONG")
+LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (False, True, 2, False),
+           "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
+           "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 LOG2_PMAX = math.log2(448.0)
 
@@ -102,8 +109,8 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
         *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS,
-        STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-        maxnreg=MAXNREG)
+        PINGPONG=PINGPONG and MERGED_WAITS, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -148,39 +155,59 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
-                               MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _take_turn(turn, i, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Before a warpgroup's i-th issue of products: wait until the other one has issued its
+        (i - 1)-th (warpgroup 1: until warpgroup 0 has issued its i-th)."""
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), i & 1)
+
+    @gluon.jit
+    def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """After a warpgroup's issue of products: the other warpgroup's turn."""
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
+
+    @gluon.jit
+    def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2,
+                               slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
-                               pa_layout: gl.constexpr):
+                               pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
-        both products of a warpgroup at once while the other warpgroup works on its scores."""
+        both products of a warpgroup at once while the other warpgroup works on its scores.
+        PINGPONG: the warpgroups' t_hi + 1 issues alternate (``turn``: one mbarrier per warpgroup)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(ready.index(0), 0)
+        _take_turn(turn, 0, WG, PINGPONG)
         x = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
                                                    LOG2_PMAX, s_layout, pa_layout)
+            _take_turn(turn, t + 1, WG, PINGPONG)
             acc = warpgroup_mma(p8, vt_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
             nxt = (t + 1) % STAGES
             mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
             x_next = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            _pass_turn(turn, WG, PINGPONG)
             acc, x = warpgroup_mma_wait(num_outstanding=0, deps=(acc, x_next))
             mbarrier.arrive(empty.index(t % STAGES), count=1)
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
                                                LOG2_PMAX, s_layout, pa_layout)
+        _take_turn(turn, t_hi, WG, PINGPONG)
         acc = warpgroup_mma(p8, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(last % STAGES), count=1)
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K, m0,
-                  t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
+                  m0, t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr, MERGED: gl.constexpr,
-                  STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
+                  PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -202,9 +229,11 @@ if gluon is not None:
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         if MERGED:
+            if PINGPONG and WG == 1:  # warpgroup 0 issues first
+                mbarrier.arrive(turn.index(0), count=1)
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                        queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
-                                                        LOG2_PMAX, s_layout, pa_layout)
+                                                        turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
+                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG)
         elif CAUSAL:  # tiles before the program's diagonal tile (the last one), then the diagonal, masked
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                  queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
@@ -238,7 +267,7 @@ if gluon is not None:
         LSE,  # (B, Hq, Sq) fp32
         H, G, SQ, SK, NT_K, qk_scale, slack,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr,
-        MERGED: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+        MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -248,18 +277,24 @@ if gluon is not None:
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         vt_smem = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
         q_bar, ready, empty = ring_barriers(STAGES, 1)
+        if PINGPONG:  # one turn barrier per consumer warpgroup
+            turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for w in gl.static_range(2):
+                mbarrier.init(turn.index(w), count=1)
+        else:  # unused: a placeholder of the same kind (a partition's arguments cannot be None)
+            turn = ready
 
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
-                         m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES,
-                         LOG2_PMAX)),
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
-                         m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, STAGES,
-                         LOG2_PMAX)),
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
+                         SK, NT_K, m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
+                         STAGES, LOG2_PMAX)),
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
+                         SK, NT_K, m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
+                         STAGES, LOG2_PMAX)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "Q_IN_REGISTERS",
-           "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
+           "Q_IN_REGISTERS", "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
