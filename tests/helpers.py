@@ -73,6 +73,15 @@ def make_qkv(b=1, hq=4, hkv=2, sq=128, sk=None, d=64, dtype=torch.bfloat16, seed
     return tuple(t.to(dtype) for t in (q, k, v, dout))
 
 
+def chunk_every_call(monkeypatch, chunks: int) -> None:
+    """The FP8 backward in ``chunks`` chunks for calls of any size: the tests' problems are far below
+    the default ``LAUNCH["backward_chunk_min_elements"]`` (kernels/backward.py)."""
+    from hf_fp8_attention.kernels import backward
+
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)
+
+
 def interpreter_results(script, parts: int | None = None, timeout: float = 600) -> dict:
     """Run ``python script PART PARTS`` for every part under the Triton interpreter, side by side, and
     merge the JSON dicts each prints on its last line. The interpreter is single-threaded, so the

@@ -5,7 +5,7 @@ handed over, GQA, packed sequences, the stale delta and sinks."""
 import pytest
 import torch
 
-from helpers import make_qkv
+from helpers import chunk_every_call, make_qkv
 from hf_fp8_attention import RECIPES
 from hf_fp8_attention.kernels import backward
 from hf_fp8_attention.kernels.backward import triton_backward
@@ -53,7 +53,7 @@ def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks
                   q_stats=kept.get("q_stats"))
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 1)
     one_pass = triton_backward(q, k, v, out, lse, dout, **kwargs)
-    _chunk_every_call(monkeypatch, chunks)
+    chunk_every_call(monkeypatch, chunks)
     n = len(backward._chunk_slices(q, k, mask, config))
     assert n == min(chunks, b if b > 1 and not packed else hkv)
     chunked = triton_backward(q, k, v, out, lse, dout, **kwargs)
@@ -63,15 +63,8 @@ def test_chunked_backward_equals_one_pass(recipe, b, hq, hkv, packed, with_sinks
         assert torch.equal(a, c), name
 
 
-def _chunk_every_call(monkeypatch, chunks: int) -> None:
-    """``chunks`` chunks for calls of any size (the tests' problems are far below the default
-    ``backward_chunk_min_elements``)."""
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)
-
-
 def test_chunks_apply_to_the_pre_quantized_fp8_backward_only(monkeypatch):
-    _chunk_every_call(monkeypatch, 2)
+    chunk_every_call(monkeypatch, 2)
     q, k, _, _ = make_qkv(2, 4, 2, 32, d=64, dtype=torch.float32)
     mask = MaskSpec(causal=True)
     assert len(backward._chunk_slices(q, k, mask, RECIPES["fp8_delta"])) == 2

@@ -10,7 +10,7 @@ import gc
 import pytest
 import torch
 
-from helpers import make_qkv
+from helpers import chunk_every_call, make_qkv
 from hf_fp8_attention import RECIPES
 from hf_fp8_attention.kernels.backward import triton_backward
 from hf_fp8_attention.kernels.quantize import interpreting
@@ -88,10 +88,7 @@ def test_dq_first_where_its_launch_forms_the_statistics(recipe, overrides, monke
 def test_chunks_hold_one_chunks_copies_beside_the_whole_gradients(recipe, monkeypatch):
     """``LAUNCH["backward_chunks"] = 2`` on one batch row: two chunks of one kv head each. The three
     gradients are allocated whole before the first launch; every launch holds half the copies."""
-    from hf_fp8_attention.kernels import backward
-
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)  # the test's call is small
+    chunk_every_call(monkeypatch, 2)
     launches, q_copy, k_copy = _stock(recipe, monkeypatch)
     seven = 4 * q_copy + 3 * k_copy
     grads = [x for x in launches if x[1] or x[0] == "bwd_dkdv_fp8_kernel"]

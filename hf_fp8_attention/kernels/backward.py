@@ -572,9 +572,8 @@ def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tupl
     chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
     whole = [(slice(None), slice(None), slice(None))]
     n = int(LAUNCH["backward_chunks"])
-    if n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]:
-        return whole
-    if q.numel() < LAUNCH["backward_chunk_min_elements"]:
+    if (n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]
+            or q.numel() < LAUNCH["backward_chunk_min_elements"]):
         return whole
     b, hq = q.shape[:2]
     hkv = k.shape[1]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import noise_model  # noqa: E402
-from helpers import GLUON_RECIPES as RECIPES, make_qkv, rel_err  # noqa: E402
+from helpers import GLUON_RECIPES as RECIPES, chunk_every_call, make_qkv, rel_err  # noqa: E402
 from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
@@ -222,8 +222,7 @@ def test_gluon_backward_in_chunks_equals_one_pass(shape, recipe, gluon_calls, mo
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 1)
     one_pass = _gpu_backward(tensors, mask, scale, config, dtype)
     once = dict(gluon_calls)
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
-    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)  # the test's call is small
+    chunk_every_call(monkeypatch, 2)
     chunked = _gpu_backward(tensors, mask, scale, config, dtype)
     assert {key: gluon_calls[key] - once[key] for key in KERNELS} == {key: 2 * int(inside)
                                                                        for key, inside in scope.items()}
