@@ -25,14 +25,15 @@ def _packed() -> MaskSpec:
 # layout Transformers hands over, transposed): two batch-row chunks of unequal size; kv-head chunks
 # with GQA and the forward's Q statistics (fast recipe); packed sequences with the stale delta
 # (which reads O); sinks, whose gradient sums over batch rows and tokens, over batch-row and over
-# kv-head chunks (packed); more chunks asked for than kv heads; strided inputs.
+# kv-head chunks (packed); more chunks asked for than kv heads; strided inputs. As few heads as each
+# case needs: the interpreter's time grows with the programs, and the equality with none of them.
 CASES = [
-    ("fp8_delta", 3, 4, 2, False, False, 2, False),
+    ("fp8_delta", 3, 2, 1, False, False, 2, False),
     ("fp8_delta_fast", 1, 6, 3, False, False, 2, False),
-    ("fp8_stale", 1, 4, 2, True, False, 2, False),
-    ("fp8_delta", 3, 2, 1, False, True, 2, False),
+    ("fp8_stale", 1, 2, 2, True, False, 2, False),
+    ("fp8_delta", 2, 2, 1, False, True, 2, False),
     ("fp8_delta", 1, 4, 2, True, True, 2, False),
-    ("fp8_delta", 1, 4, 2, False, False, 4, False),
+    ("fp8_delta", 1, 2, 2, False, False, 4, False),
     ("fp8_delta_fast", 2, 4, 2, False, False, 2, True),
 ]
 
