@@ -58,7 +58,8 @@ MERGED_WAITS = True
 # Ping-pong of the two consumer warpgroups (FlashAttention-3's warp-scheduler barriers; merged waits
 # only): each waits for its turn before issuing a tile's products and hands the turn over after
 # issuing them, so the tensor cores take one warpgroup's products whole, then the other's, and the
-# two drift half a tile apart: one's exponentials under the other's products.
+# two drift half a tile apart: one's exponentials under the other's products. Off: on the H200
+# (fp8_delta) no faster at 8k causal, 2-4% slower at 16k non-causal, same bits (benchmarks/NOTES.md).
 PINGPONG = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
