@@ -110,7 +110,7 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
         *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS,
-        PINGPONG=PINGPONG and MERGED_WAITS, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS,
+        PINGPONG=PINGPONG, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -278,7 +278,7 @@ if gluon is not None:
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         vt_smem = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
         q_bar, ready, empty = ring_barriers(STAGES, 1)
-        if PINGPONG:  # one turn barrier per consumer warpgroup
+        if PINGPONG and MERGED:  # one turn barrier per consumer warpgroup (only the merged loop takes turns)
             turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             for w in gl.static_range(2):
                 mbarrier.init(turn.index(w), count=1)
