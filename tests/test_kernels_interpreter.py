@@ -230,8 +230,8 @@ QUANT_CASES = {
 }
 
 
-# (varlen, head dim) of the statistics kernel's checks.
-STATS_CASES = ((False, 64), (True, 96))
+# The statistics kernel's checks: name -> (varlen, head dim).
+STATS_CASES = {"dense_d64": (False, 64), "varlen_d96": (True, 96)}
 
 
 def _stats_case(varlen: bool, d: int):
@@ -294,8 +294,8 @@ def _cases() -> dict:
     # One dense and one packed batch, at a power-of-two head dim and a padded one (16-32 s each in
     # the interpreter; the other pairings and head dim 256 run inside the forward cases and the
     # backward tests, checked end to end).
-    for varlen, d in STATS_CASES:
-        cases[f"stats/{'varlen' if varlen else 'dense'}_d{d}"] = lambda varlen=varlen, d=d: _stats_case(varlen, d)
+    for name, (varlen, d) in STATS_CASES.items():
+        cases[f"stats/{name}"] = lambda varlen=varlen, d=d: _stats_case(varlen, d)
     for i, name in enumerate(FORWARD_CASES):
         seed = int(os.environ.get("FWD_SEED_BASE", "0")) + i
         cases[f"fwd/{name}"] = lambda name=name, seed=seed: _forward_case(name, seed=seed)
@@ -363,7 +363,7 @@ def test_quantize_kernel_bit_exact(interpreter_results, name):
         assert any(key.startswith("y_") for key in r), r
 
 
-@pytest.mark.parametrize("name", [f"{'varlen' if varlen else 'dense'}_d{d}" for varlen, d in STATS_CASES])
+@pytest.mark.parametrize("name", sorted(STATS_CASES))
 def test_sequence_statistics_match_pytorch(interpreter_results, name):
     r = interpreter_results[f"stats/{name}"]
     assert all(r.values()), r
