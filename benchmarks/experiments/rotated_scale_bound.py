@@ -54,13 +54,21 @@ def fake_quantize_with(x: torch.Tensor, amax: torch.Tensor, fmt, pow2: bool) -> 
 RATIOS: list[torch.Tensor] = []
 
 
+def rotated_operands(qg, k, config):
+    """Q and K rotated, K smoothed (where the recipe smooths), as
+    :func:`hf_fp8_attention.reference.qk_operands` forms them before quantizing: ``(q_t, k_t, mu,
+    factor)``, ``mu (..., 1, D)`` the keys' unrotated mean or None."""
+    mu = key_mean(k) if config.smooth_k else None
+    q_t, k_t = rotate(qg.float()), rotate(k.float())
+    if mu is not None:
+        k_t = k_t - rotate(mu)
+    return q_t, k_t, mu, 1.0 / hadamard_block(qg.shape[-1])
+
+
 def qk_operands_from_bound(qg, k, config):
     """:func:`hf_fp8_attention.reference.qk_operands` with the per-head scales from the bound."""
-    mu = key_mean(k) if config.smooth_k else None
+    q_t, k_t, mu, factor = rotated_operands(qg, k, config)
     k_bound, q_bound = rotation_free_bound(k.float(), mu), rotation_free_bound(qg.float(), None)
-    q_t, k_t, factor = rotate(qg.float()), rotate(k.float()), 1.0 / hadamard_block(qg.shape[-1])
-    if config.smooth_k:
-        k_t = k_t - rotate(mu)
     if config.qdo_scales is Granularity.HEAD:
         q_op = fake_quantize_with(q_t, q_bound, config.q_format, config.pow2_scales)
     else:
@@ -73,12 +81,10 @@ def qk_operands_scaled_amax(factor: float):
     """``fp8_delta``'s :func:`~hf_fp8_attention.reference.qk_operands` with K's amax times ``factor``
     (< 1: the largest codes clamp at the format's maximum)."""
     def operands(qg, k, config):
-        mu = key_mean(k)
-        q_t, k_t = rotate(qg.float()), rotate(k.float()) - rotate(mu)
+        q_t, k_t, _, logit_factor = rotated_operands(qg, k, config)
         q_op = reference._fq_row(q_t, config.q_format, config.qdo_scales, config)
         amax = k_t.abs().amax((-2, -1))[..., None] * factor
-        return (q_op, fake_quantize_with(k_t, amax, config.k_format, config.pow2_scales),
-                1.0 / hadamard_block(qg.shape[-1]))
+        return q_op, fake_quantize_with(k_t, amax, config.k_format, config.pow2_scales), logit_factor
     return operands
 
 
