@@ -161,8 +161,15 @@ def _ours_fn(name, causal):
 
 
 def _time(impl, mode, q, k, v, warmup, rep):
-    """Median ms of ``mode`` for ``impl(q, k, v)``."""
+    """Median ms of ``mode`` for ``impl(q, k, v)``. Each measurement starts from a fresh peak of
+    allocated memory: the FP8 backward runs in chunks only where one pass would raise that peak
+    (``kernels.backward.LAUNCH["backward_chunks_below_peak"]``), so without the reset a config's
+    time would depend on what an earlier config or shape had allocated. From a fresh peak a lone
+    fwd+bwd runs as :func:`_peak_step_mib` measures it."""
     from triton.testing import do_bench
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
 
     if mode == "fwd":
         with torch.no_grad():

@@ -308,6 +308,8 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
     fused = {r["fused_adamw"] for r in rows if r["status"] == "ok"}
     adamw = {frozenset({True}): "fused", frozenset({False}): "unfused (foreach)"}.get(frozenset(fused), "fused where available")
     clock = "CUDA events" if env["device"] == "cuda" else "host clock"
+    by_size = getattr(args, "chunk_by_size", False)
+    chunks = "; its backward chunked by call size alone (--chunk-by-size)" if by_size else ""
     lines = [f"# One training step (forward, backward, AdamW) per attention backend — {env['gpu']}{tiny}", "",
              " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "transformers", "cuda", "python", "date_utc")
                         if env.get(k) is not None), "",
@@ -316,7 +318,9 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
              f"({clock}). `compile`: `torch.compile(model, dynamic=False)` (model and loss; the optimizer step "
              "eager). `x sdpa`: tokens/s over sdpa's at the same model, mode and context. `peak`: "
              "`torch.cuda.max_memory_allocated()` of the run (weights, gradients, optimizer state, activations). "
-             f"`first step`: the first warm-up step (compilation included). FP8 path: {env.get('fp8_path')}.", ""]
+             f"`first step`: the first warm-up step (compilation included). FP8 path: {env.get('fp8_path')}"
+             f"{chunks}.",
+             ""]
     for model_name in args.models:
         shape = {**MODELS[model_name], **(TINY[model_name] if args.tiny else {})}
         count = params.get(model_name)
@@ -365,7 +369,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no new model build after this many minutes (results are written after each "
                         "build; run again with --resume to go on)")
+    p.add_argument("--chunk-by-size", action="store_true",
+                   help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
+                        "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
     args = p.parse_args(argv)
+    if args.chunk_by_size:
+        from hf_fp8_attention.kernels.backward import LAUNCH as BACKWARD_LAUNCH
+
+        BACKWARD_LAUNCH["backward_chunks_below_peak"] = False
     for name in args.models:
         if name not in MODELS:
             p.error(f"unknown model {name!r}; known: {', '.join(MODELS)}")

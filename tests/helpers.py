@@ -74,12 +74,14 @@ def make_qkv(b=1, hq=4, hkv=2, sq=128, sk=None, d=64, dtype=torch.bfloat16, seed
 
 
 def chunk_every_call(monkeypatch, chunks: int) -> None:
-    """The FP8 backward in ``chunks`` chunks for calls of any size: the tests' problems are far below
-    the default ``LAUNCH["backward_chunk_min_elements"]`` (kernels/backward.py)."""
+    """The FP8 backward in ``chunks`` chunks for calls of any size and memory state: the tests'
+    problems are far below the default ``LAUNCH["backward_chunk_min_elements"]``, and on a GPU the
+    earlier tests' peak would make them one pass (``backward_chunks_below_peak``, kernels/backward.py)."""
     from hf_fp8_attention.kernels import backward
 
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks", chunks)
     monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", False)
 
 
 def interpreter_results(script, parts: int | None = None, timeout: float = 600) -> dict:

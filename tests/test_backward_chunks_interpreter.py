@@ -96,3 +96,36 @@ def test_chunks_only_from_the_size_threshold_on(monkeypatch):
     assert chunks(1, 16, 8, 8192) == 2  # kv-head chunks
     assert chunks(2, 16, 16, 8192) == 2  # batch-row chunks
     assert chunks(8, 32, 8, 256) == 1  # many short rows: below the threshold
+
+
+class _CudaShaped:
+    """Shape, size and a CUDA device, without a GPU: what ``_chunk_slices`` reads of a tensor."""
+
+    def __init__(self, *shape, itemsize=2):
+        self.shape, self.device, self._itemsize = torch.Size(shape), torch.device("cuda", 0), itemsize
+
+    def numel(self):
+        return self.shape.numel()
+
+    def element_size(self):
+        return self._itemsize
+
+
+def test_chunks_only_where_one_pass_would_raise_the_peak(monkeypatch):
+    """With ``backward_chunks_below_peak`` a large CUDA call runs one pass when its FP8 copies and
+    gradients (4·|Q| + 3·|K| bytes, and |Q| + 2·|K| bf16 elements) fit under the peak of allocated
+    memory so far, and in chunks when they would raise it (allocator counters stubbed)."""
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 1 << 24)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", True)
+    config, mask = RECIPES["fp8_delta"], MaskSpec(causal=True)
+    q, k = _CudaShaped(1, 16, 8192, 128), _CudaShaped(1, 8, 8192, 128)
+    one_pass = 4 * (1 << 24) + 3 * (1 << 23) + 2 * (1 << 24) + 2 * 2 * (1 << 23)
+    allocated = 1 << 30
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+    for peak, expected in ((allocated + one_pass, 1), (allocated + one_pass - 1, 2)):
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None, peak=peak: peak)
+        assert len(backward._chunk_slices(q, k, mask, config)) == expected, peak
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", False)  # by size alone
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1 << 40)
+    assert len(backward._chunk_slices(q, k, mask, config)) == 2

@@ -141,6 +141,13 @@ LAUNCH = {
     # at H = 16, d = 128, 16 MiB of Q's codes): below it the copies are small and the extra launches'
     # host time is a larger share of the call.
     "backward_chunk_min_elements": 1 << 24,
+    # ... and, on a CUDA device, only where one pass would set a new peak of allocated memory
+    # (:func:`_one_pass_stays_under_peak`): chunks lower the peak only there and cost time everywhere.
+    # Inside a model's training step the activations saved for the backward have set a higher peak
+    # before any attention backward runs (a 0.89B Llama at 8k: the same 19.08 GiB with and without
+    # chunks), so its layers run one pass; a lone fwd+bwd still runs in chunks. False: chunk by size
+    # alone.
+    "backward_chunks_below_peak": True,
 }
 # Head dim 256: the launch shapes of the keys above but the three switches (those stay in LAUNCH).
 # Per 64 rows of a warpgroup, a 256-channel fp32 accumulator is 128 registers per thread, as many as
@@ -567,7 +574,8 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
 def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tuple[slice, slice, slice]]:
     """``[(batch rows, query heads, kv heads), ...]``: the chunks of ``LAUNCH["backward_chunks"]``
     for the FP8 backward on pre-quantized operands with at least
-    ``LAUNCH["backward_chunk_min_elements"]`` query elements (one chunk elsewhere). Chunks split the batch
+    ``LAUNCH["backward_chunk_min_elements"]`` query elements where one pass would raise the memory
+    peak (``LAUNCH["backward_chunks_below_peak"]``; one chunk elsewhere). Chunks split the batch
     rows, or with one row (every varlen batch) the kv heads with their query heads, so that each
     chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
     whole = [(slice(None), slice(None), slice(None))]
@@ -575,12 +583,27 @@ def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tupl
     if (n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]
             or q.numel() < LAUNCH["backward_chunk_min_elements"]):
         return whole
+    if LAUNCH["backward_chunks_below_peak"] and _one_pass_stays_under_peak(q, k):
+        return whole
     b, hq = q.shape[:2]
     hkv = k.shape[1]
     g = hq // hkv
     if b > 1 and not mask.is_varlen:
         return [(slice(lo, hi), slice(None), slice(None)) for lo, hi in _even_ranges(b, n)]
     return [(slice(None), slice(lo * g, hi * g), slice(lo, hi)) for lo, hi in _even_ranges(hkv, n)]
+
+
+def _one_pass_stays_under_peak(q, k) -> bool:
+    """Whether one backward pass over ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Sk, D)`` fits under the
+    device's peak of allocated memory so far (CUDA tensors only; False elsewhere). Counted, as an
+    upper bound: the seven FP8 copies (Q and dO row- and channel-wise, K row- and channel-wise, V
+    row-wise: 4·|Q| + 3·|K| bytes) and the three gradients, all live at once. Host-side allocator
+    counters: no device sync."""
+    if q.device.type != "cuda":
+        return False
+    nq, nk = q.numel(), k.numel()
+    one_pass = 4 * nq + 3 * nk + q.element_size() * nq + 2 * k.element_size() * nk
+    return torch.cuda.memory_allocated(q.device) + one_pass <= torch.cuda.max_memory_allocated(q.device)
 
 
 def _even_ranges(total: int, n: int) -> list[tuple[int, int]]:
