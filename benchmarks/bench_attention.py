@@ -1,7 +1,8 @@
 """Time FP8 attention (fp8_delta / fp8_stale) against PyTorch SDPA bf16 (flash and cuDNN backends).
 
 One run on one GPU. Shapes: S in --seqlens at a fixed --tokens per batch (B = tokens // S), heads
---heads, head dims --dims, causal and not; q, k, v bf16 (B, H, S, D) contiguous.
+--heads, head dims --dims, causal and not; q, k, v bf16 (B, H, S, D) contiguous. ``--gqa G``: k and
+v with H / G heads (grouped-query attention, as most models' layers; SDPA with ``enable_gqa``).
 
 Modes (--modes): ``fwd`` (forward only; our time includes quantizing the bf16 inputs), ``bwd``
 (backward only, via autograd of the public ``fp8_attention`` / SDPA), ``fwdbwd`` (both). Our
@@ -29,6 +30,7 @@ versions, and prints the table last.
     python benchmarks/bench_attention.py --quant-launch maxnreg=None,row_stages=None   # another table
     python benchmarks/bench_attention.py --stats-launch stages=None   # another statistics table
     python benchmarks/bench_attention.py --memory --modes fwdbwd --backward-chunks 2   # the backward in chunks
+    python benchmarks/bench_attention.py --tokens 8192 --seqlens 8192 --heads 16 --gqa 2 --modes fwdbwd  # Llama 0.89B
 
 A config name may carry logit modifiers after ``+``: ``softcap`` (cap 50, Gemma 2's) and ``sinks``
 (one sink logit per head, GPT-OSS's), so their cost shows beside the plain recipe; SDPA runs without
@@ -69,6 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--seqlens", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--tokens", type=int, default=16384, help="tokens per batch (B = tokens // S)")
     p.add_argument("--heads", type=_csv(int), default=[16, 32])
+    p.add_argument("--gqa", type=int, default=1, help="query heads per key/value head (each of --heads divisible)")
     p.add_argument("--dims", type=_csv(int), default=[64, 128])
     p.add_argument("--causal", type=_csv(lambda x: x.lower() in ("1", "true", "yes")), default=[True, False])
     p.add_argument("--modes", type=_csv(str), default=["fwd"])
@@ -116,6 +119,8 @@ def parse_args(argv=None):
         p.error(f"unknown SDPA backends {sorted(bad)}; choose from cudnn, flash")
     if args.passes < 1:
         p.error(f"--passes must be at least 1, got {args.passes}")
+    if args.gqa < 1 or any(h % args.gqa for h in args.heads):
+        p.error(f"--gqa must be at least 1 and divide every --heads value, got {args.gqa} for heads {args.heads}")
     return args
 
 
@@ -139,7 +144,7 @@ def _sdpa_fn(backend_name, causal):
 
     def run(q, k, v):
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
 
     return run
 
@@ -223,11 +228,11 @@ def run(args) -> tuple[dict, list[dict]]:
         for d, causal, h, s in shapes:
             b = max(args.tokens // s, 1)
             gen = torch.Generator(device="cuda").manual_seed(s + h + d)
-            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       for _ in range(3))
+            q, k, v = (torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                       for heads in (h, h // args.gqa, h // args.gqa))
             impls = {f"sdpa_{n}": _sdpa_fn(n, causal) for n in args.sdpa}
             impls.update({name: _ours_fn(name, causal) for name in args.configs})
-            row = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+            row = {"B": b, "H": h, "Hkv": h // args.gqa, "S": s, "D": d, "causal": causal}
             for mode in args.modes:
                 for name, impl in impls.items():
                     key = f"{name}/{mode}"
@@ -305,6 +310,15 @@ def _ratio(row, key, ref):
     return "n/a" if math.isnan(ratio) else f"{ratio:.2f}"
 
 
+def _shape_head(args) -> list[str]:
+    """A table's shape columns; ``Hkv`` only with ``--gqa``."""
+    return ["causal", "H"] + (["Hkv"] if args.gqa > 1 else []) + ["D", "S", "B"]
+
+
+def _shape_cells(row, args) -> list[str]:
+    return [str(row[key]) for key in _shape_head(args)]
+
+
 def render(env, rows, args) -> str:
     lines = [f"# FP8 attention benchmark — {env['gpu']} ({env['capability']})", ""]
     lines.append(f"torch {env['torch']} · triton {env['triton']} · CUDA {env['cuda']} · cuDNN {env['cudnn']} · "
@@ -328,13 +342,13 @@ def render(env, rows, args) -> str:
                     if args.passes > 1 else "one pass."))
     for mode in args.modes:
         lines += ["", f"## {mode}", ""]
-        head = ["causal", "H", "D", "S", "B"] + [f"sdpa_{n}" for n in args.sdpa]
+        head = _shape_head(args) + [f"sdpa_{n}" for n in args.sdpa]
         for name in args.configs:
             head += [name] + [f"x {n}" for n in args.sdpa]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
-            cells = [str(r["causal"]), str(r["H"]), str(r["D"]), str(r["S"]), str(r["B"])]
+            cells = _shape_cells(r, args)
             cells += [_cell(r, f"sdpa_{n}/{mode}") for n in args.sdpa]
             for name in args.configs:
                 cells.append(_cell(r, f"{name}/{mode}"))
@@ -342,14 +356,15 @@ def render(env, rows, args) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     if args.memory:
         names = [f"sdpa_{n}" for n in args.sdpa] + list(args.configs)
+        head = _shape_head(args) + names
         lines += ["", "## peak memory of one fwd+bwd step (MiB over inputs)", "",
-                  "| causal | H | D | S | B | " + " | ".join(names) + " |", "|" + "---|" * (5 + len(names))]
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             vals = []
             for n in names:
                 v = r.get(f"{n}/peak_mib")
                 vals.append("n/a" if v is None else (f"{v:.0f}" if isinstance(v, float) else str(v)))
-            lines.append(f"| {r['causal']} | {r['H']} | {r['D']} | {r['S']} | {r['B']} | " + " | ".join(vals) + " |")
+            lines.append("| " + " | ".join(_shape_cells(r, args) + vals) + " |")
     return "\n".join(lines) + "\n"
 
 

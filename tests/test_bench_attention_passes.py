@@ -56,3 +56,23 @@ def test_render_reports_median_cells_and_paired_ratios():
     text = bench_attention.render(env, [row], args)
     assert "each cell the median of passes 2-3 of 3" in text
     assert "| True | 16 | 128 | 8192 | 2 |" in text and "| 1.20 |" in text
+
+
+def test_gqa_shapes_get_a_kv_head_column_and_bad_groups_are_refused(capsys):
+    """``--gqa 2``: the tables name the kv heads; a group that does not divide the heads is an error."""
+    args = bench_attention.parse_args(["--seqlens", "8192", "--heads", "16", "--dims", "128", "--causal", "1",
+                                       "--configs", "fp8_delta", "--sdpa", "cudnn", "--passes", "1", "--gqa", "2",
+                                       "--memory", "--modes", "fwdbwd"])
+    env = {"gpu": "GPU", "capability": "sm_90", "torch": "t", "triton": "tr", "cuda": "c", "cudnn": 1,
+           "python": "p", "date_utc": "d", "fp8_backward_kernel": "available"}
+    row = {"B": 1, "H": 16, "Hkv": 8, "S": 8192, "D": 128, "causal": True,
+           "sdpa_cudnn/fwdbwd": {"ms": 2.0, "tflops": 1.0, "ms_passes": [2.0]},
+           "fp8_delta/fwdbwd": {"ms": 2.5, "tflops": 0.8, "ms_passes": [2.5]},
+           "sdpa_cudnn/peak_mib": 387.0, "fp8_delta/peak_mib": 375.0}
+    text = bench_attention.render(env, [row], args)
+    assert text.count("| causal | H | Hkv | D | S | B |") == 2, text  # the timing and the memory table
+    assert "| True | 16 | 8 | 128 | 8192 | 1 | 1 | 1 | 0.80 |" in text, text
+    assert "| True | 16 | 8 | 128 | 8192 | 1 | 387 | 375 |" in text, text
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--heads", "16,12", "--gqa", "8"])
+    assert "--gqa must be at least 1 and divide every --heads value" in capsys.readouterr().err
