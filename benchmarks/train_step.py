@@ -7,9 +7,11 @@ Two model shapes, both built from a ``LlamaConfig`` (no download), bf16, gradien
 - ``smollm2``: the SmolLM2-135M shape: hidden 576, 30 layers, 9 query / 3 kv heads, head_dim 64,
   MLP 1536, vocab 49152, tied embeddings, at 2k and 8k tokens.
 
-For each attention implementation (``sdpa`` and the FP8 recipes) and each mode (eager, and
-``torch.compile(model, dynamic=False)``: the whole model with its loss; the optimizer step stays
-eager), the model is rebuilt with the same seed; each context length gets a fresh fused AdamW.
+For each attention implementation (``sdpa`` and the FP8 recipes) and each mode (eager;
+``compile``: ``torch.compile(model, dynamic=False)``, the whole model with its loss, the optimizer
+step eager; ``cudagraphs``: the same with ``mode="reduce-overhead"``, which replays the step's
+kernels as CUDA graphs, so a model whose layers wait for the host's launches runs at its GPU
+time), the model is rebuilt with the same seed; each context length gets a fresh fused AdamW.
 One batch is one sequence of ``context`` random tokens (tokens per step = context), labels = inputs.
 After ``--warmup`` steps (the first one compiles, and its time is reported), ``--steps`` steps are
 timed with CUDA events; the table gives tokens/s from the median step, the ratio to ``sdpa`` at the
@@ -67,7 +69,7 @@ TINY = {
 CONTEXTS = {"llama0.9b": (4096, 8192, 16384), "smollm2": (2048, 8192)}
 TINY_CONTEXTS = (256,)
 ATTN = ("sdpa", "fp8_delta", "fp8_delta_fast", "fp8_stale")
-MODES = ("eager", "compile")
+MODES = ("eager", "compile", "cudagraphs")
 
 
 def _csv(kind=str):
@@ -148,6 +150,22 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def step_forward(model, mode: str):
+    """The callable one training step runs ``model`` through in ``mode`` (:data:`MODES`)."""
+    if mode == "eager":
+        return model
+    if mode == "compile":
+        return torch.compile(model, dynamic=False)
+    graphed = torch.compile(model, dynamic=False, mode="reduce-overhead")
+
+    def forward(**inputs):
+        # A new step: the graphs may overwrite the previous step's outputs (all consumed by then).
+        torch.compiler.cudagraph_mark_step_begin()
+        return graphed(**inputs)
+
+    return forward
+
+
 def measure(model, forward, context: int, vocab: int, args, device: str) -> dict:
     """Warm-up then timed training steps at one context length; a fresh optimizer."""
     clock = _Clock(device)
@@ -225,7 +243,7 @@ def run(args, device: str, dtype: torch.dtype, prior: list[dict] = (), save=None
                     if got != impl:
                         raise RuntimeError(f"model built with attn_implementation={got!r}, not {impl!r}")
                     params[model_name] = sum(p.numel() for p in model.parameters())
-                    forward = torch.compile(model, dynamic=False) if mode == "compile" else model
+                    forward = step_forward(model, mode)
                 except Exception as exc:  # noqa: BLE001  (reported in the table)
                     failure = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                     traceback.print_exc()
@@ -316,7 +334,8 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
              f"{env['dtype']} weights, batch 1 (tokens/step = context), random tokens, loss over all tokens, "
              f"{adamw} AdamW, no gradient checkpointing; {args.warmup} warm-up step(s), median of {args.steps} timed "
              f"({clock}). `compile`: `torch.compile(model, dynamic=False)` (model and loss; the optimizer step "
-             "eager). `x sdpa`: tokens/s over sdpa's at the same model, mode and context. `peak`: "
+             "eager); `cudagraphs`: the same with `mode=\"reduce-overhead\"` (CUDA graphs). "
+             "`x sdpa`: tokens/s over sdpa's at the same model, mode and context. `peak`: "
              "`torch.cuda.max_memory_allocated()` of the run (weights, gradients, optimizer state, activations). "
              f"`first step`: the first warm-up step (compilation included). FP8 path: {env.get('fp8_path')}"
              f"{chunks}.",
@@ -358,7 +377,7 @@ def main(argv=None) -> int:
                         "for smollm2; 256 with --tiny)")
     p.add_argument("--attn", type=_csv(), default=list(ATTN), help="attention implementations (sdpa, eager, or "
                    "any recipe name of hf_fp8_attention.RECIPES)")
-    p.add_argument("--modes", type=_csv(), default=list(MODES), help="eager,compile")
+    p.add_argument("--modes", type=_csv(), default=list(MODES), help="eager,compile,cudagraphs")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration (median)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps (the first compiles)")
     p.add_argument("--tiny", action="store_true", help="2-layer models at 256 tokens: a smoke test (runs on CPU)")

@@ -58,3 +58,32 @@ def test_train_step_resumes_a_grid_across_runs(tmp_path):
     assert rows[1]["x_sdpa"] == rows[1]["tokens_per_s"] / first["tokens_per_s"]
     out, again = run("--attn", "sdpa,fp8_delta", "--resume")  # nothing left: nothing measured
     assert again == rows
+
+
+def test_each_mode_runs_the_model_as_named(monkeypatch):
+    """``step_forward``: eager is the model itself; ``compile`` and ``cudagraphs`` compile it, the
+    latter with ``mode="reduce-overhead"`` and a new CUDA-graph step marked before every forward
+    (torch.compile stubbed: the plumbing only)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_step
+
+    calls = []
+
+    def fake_compile(model, **kwargs):
+        calls.append(("compile", kwargs))
+        return lambda **inputs: calls.append(("forward", inputs)) or "out"
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(("step",)))
+    model = object()
+    assert train_step.step_forward(model, "eager") is model
+    train_step.step_forward(model, "compile")
+    assert calls == [("compile", {"dynamic": False})]
+    calls.clear()
+    forward = train_step.step_forward(model, "cudagraphs")
+    assert forward(input_ids=1) == "out" and forward(input_ids=2) == "out"
+    assert calls == [("compile", {"dynamic": False, "mode": "reduce-overhead"}), ("step",),
+                     ("forward", {"input_ids": 1}), ("step",), ("forward", {"input_ids": 2})]
+    assert set(train_step.MODES) == {"eager", "compile", "cudagraphs"}
