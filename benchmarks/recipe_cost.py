@@ -38,8 +38,20 @@ VARIANTS = {
 }
 
 
+def _bench(fn) -> float:
+    """Median ms of ``fn`` from a fresh memory peak: the FP8 backward chunks only where one pass
+    would raise the peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]``), so each
+    timing is a lone call's, whatever ran before."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return triton.testing.do_bench(fn, warmup=25, rep=100)
+
+
 def kernel_times(fn, calls: int = 10) -> list[tuple[str, float, float]]:
-    """(kernel name, us per call, launches per call) of ``fn``'s CUDA kernels, longest first."""
+    """(kernel name, us per call, launches per call) of ``fn``'s CUDA kernels, longest first (from
+    a fresh memory peak, as :func:`_bench`)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -83,13 +95,13 @@ def main() -> None:
     for name, change in VARIANTS.items():
         cfg = RECIPES["fp8_delta"].replace(**change)
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-        fwd = triton.testing.do_bench(lambda: fp8_attention(q, k, v, causal=bool(a.causal), config=cfg), warmup=25, rep=100)
+        fwd = _bench(lambda: fp8_attention(q, k, v, causal=bool(a.causal), config=cfg))
 
         def step():
             out = fp8_attention(qg, kg, vg, causal=bool(a.causal), config=cfg)
             torch.autograd.grad(out, (qg, kg, vg), do)
 
-        both = triton.testing.do_bench(step, warmup=25, rep=100)
+        both = _bench(step)
         print(f"{name:<30} fwd {fwd:7.3f}  fwd+bwd {both:7.3f}", flush=True)
 
 
@@ -104,7 +116,7 @@ def profile_kernels(a, q, k, v, do) -> None:
             torch.autograd.grad(out, (qg, kg, vg), do)
 
     print_kernels("sdpa_cudnn fwd+bwd", sdpa_step)
-    print(f"sdpa_cudnn fwd+bwd wall: {1000 * triton.testing.do_bench(sdpa_step, warmup=25, rep=100):.1f} us")
+    print(f"sdpa_cudnn fwd+bwd wall: {1000 * _bench(sdpa_step):.1f} us")
     for name in a.kernels.split(","):
         cfg = RECIPES[name] if name in RECIPES else RECIPES["fp8_delta"].replace(**VARIANTS[name])
 
@@ -115,7 +127,7 @@ def profile_kernels(a, q, k, v, do) -> None:
         print_kernels(f"{name} fwd", lambda cfg=cfg: fp8_attention(q, k, v, causal=causal, config=cfg))
         print_kernels(f"{name} fwd+bwd", step)
         # Kernel sums hide host gaps and device syncs: the whole call timed as the benchmarks do.
-        print(f"{name} fwd+bwd wall: {1000 * triton.testing.do_bench(step, warmup=25, rep=100):.1f} us")
+        print(f"{name} fwd+bwd wall: {1000 * _bench(step):.1f} us")
 
 
 if __name__ == "__main__":
