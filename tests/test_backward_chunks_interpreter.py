@@ -129,3 +129,10 @@ def test_chunks_only_where_one_pass_would_raise_the_peak(monkeypatch):
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", False)  # by size alone
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1 << 40)
     assert len(backward._chunk_slices(q, k, mask, config)) == 2
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", True)
+
+    def no_stats(device=None):  # what a pluggable allocator without statistics does
+        raise RuntimeError("the allocator does not yet support getDeviceStats")
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", no_stats)
+    assert len(backward._chunk_slices(q, k, mask, config)) == 2  # by size, no error

@@ -598,12 +598,17 @@ def _one_pass_stays_under_peak(q, k) -> bool:
     device's peak of allocated memory so far (CUDA tensors only; False elsewhere). Counted, as an
     upper bound: the seven FP8 copies (Q and dO row- and channel-wise, K row- and channel-wise, V
     row-wise: 4·|Q| + 3·|K| bytes) and the three gradients, all live at once. Host-side allocator
-    counters: no device sync."""
+    counters: no device sync. An allocator without them (a pluggable one raises) counts as False:
+    the chunks then follow the size alone, as before the rule (the same gradients either way)."""
     if q.device.type != "cuda":
         return False
     nq, nk = q.numel(), k.numel()
     one_pass = 4 * nq + 3 * nk + q.element_size() * nq + 2 * k.element_size() * nk
-    return torch.cuda.memory_allocated(q.device) + one_pass <= torch.cuda.max_memory_allocated(q.device)
+    try:
+        allocated, peak = torch.cuda.memory_allocated(q.device), torch.cuda.max_memory_allocated(q.device)
+    except RuntimeError:
+        return False
+    return allocated + one_pass <= peak
 
 
 def _even_ranges(total: int, n: int) -> list[tuple[int, int]]:
