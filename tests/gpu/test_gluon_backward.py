@@ -212,6 +212,44 @@ def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monke
         assert torch.equal(torch.isnan(x), torch.isnan(r)), label
 
 
+def test_backward_chunks_only_where_one_pass_raises_the_peak(monkeypatch):
+    """``LAUNCH["backward_chunks_below_peak"]`` against the real allocator: a large call from a
+    fresh memory peak runs in chunks; after a larger allocation has raised the peak (as a training
+    step's saved activations do) the same call runs one pass, with the same gradient bits."""
+    from hf_fp8_attention import RECIPES as ALL_RECIPES, fp8_attention
+
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 1 << 22)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", True)
+    counts = []
+    chunk_slices = backward._chunk_slices
+
+    def counted(*args):
+        chunks = chunk_slices(*args)
+        counts.append(len(chunks))
+        return chunks
+
+    monkeypatch.setattr(backward, "_chunk_slices", counted)
+    q, k, v, do = (t.cuda() for t in make_qkv(1, 8, 4, 4096, 4096, 128, torch.bfloat16, seed=3))  # 2^22 elements
+
+    def grads():
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+        out = fp8_attention(qg, kg, vg, causal=True, config=ALL_RECIPES["fp8_delta"])
+        return torch.autograd.grad(out, (qg, kg, vg), do)
+
+    grads()  # compiles (and autotunes) first: a benchmark's buffers would raise the peak mid-call
+    counts.clear()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    chunked = grads()
+    peak = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")  # a 1 GiB peak, freed at once
+    del peak
+    one_pass = grads()
+    assert counts == [2, 1], counts
+    for label, a, b in zip(("dq", "dk", "dv"), chunked, one_pass):
+        assert torch.equal(a, b), label
+
+
 @pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
 @pytest.mark.parametrize("shape", ["causal_gqa_d128", "dense_d128_sq_lt_sk"])
 def test_gluon_backward_in_chunks_equals_one_pass(shape, recipe, gluon_calls, monkeypatch):
