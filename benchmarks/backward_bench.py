@@ -30,6 +30,7 @@ from hf_fp8_attention.kernels import backward_fp8, quantize
 from hf_fp8_attention.kernels.backward import LAUNCH, triton_backward
 from hf_fp8_attention.kernels.operands import tile_recipe
 from hf_fp8_attention.masking import MaskSpec
+from recipe_names import fresh_memory_peak
 
 
 def _flops_fwd(b, h, s, d, causal=True):
@@ -63,10 +64,7 @@ def _random_inputs(b, h, s, d, seed):
 
 
 def _bench(fn, rep=200):
-    # From a fresh memory peak: the FP8 backward chunks only where one pass would raise the peak
-    # (kernels.backward.LAUNCH["backward_chunks_below_peak"]), so each timing is a lone call's.
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    fresh_memory_peak()  # a lone call's path, whatever ran before
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 

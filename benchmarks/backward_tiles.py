@@ -37,7 +37,7 @@ from hf_fp8_attention.kernels.quantize import padded_head_dim  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import recipe_config  # noqa: E402
+from recipe_names import fresh_memory_peak, recipe_config  # noqa: E402
 
 # (BLOCK_Q, BLOCK_K, num_warps, num_stages) per launch. The dK/dV launches hold (BLOCK_K, BLOCK_Q)
 # tiles and a (BLOCK_K, D) accumulator each: 128 keys need 8 warps at D = 128.
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     def timed(label):
         try:
             grads = run()
-            torch.cuda.reset_peak_memory_stats()  # a lone call's chunking (bench_attention._time)
+            fresh_memory_peak()  # a lone call's path, whatever ran before
             ms = do_bench(run, warmup=25, rep=100, return_mode="median")
         except Exception as err:  # noqa: BLE001 (a variant that does not compile or fit is reported)
             print(f"{label}: {type(err).__name__}: {str(err)[:160]}", flush=True)

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import CONFIG_FLAGS, apply_launch_tables, recipe_config  # noqa: E402
+from recipe_names import CONFIG_FLAGS, apply_launch_tables, fresh_memory_peak, recipe_config  # noqa: E402
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -166,15 +166,11 @@ def _ours_fn(name, causal):
 
 
 def _time(impl, mode, q, k, v, warmup, rep):
-    """Median ms of ``mode`` for ``impl(q, k, v)``. Each measurement starts from a fresh peak of
-    allocated memory: the FP8 backward runs in chunks only where one pass would raise that peak
-    (``kernels.backward.LAUNCH["backward_chunks_below_peak"]``), so without the reset a config's
-    time would depend on what an earlier config or shape had allocated. From a fresh peak a lone
-    fwd+bwd runs as :func:`_peak_step_mib` measures it."""
+    """Median ms of ``mode`` for ``impl(q, k, v)``, from a fresh memory peak
+    (:func:`recipe_names.fresh_memory_peak`): a lone call's path, as :func:`_peak_step_mib` measures it."""
     from triton.testing import do_bench
 
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    fresh_memory_peak()
 
     if mode == "fwd":
         with torch.no_grad():
@@ -193,8 +189,7 @@ def _peak_step_mib(impl, q, k, v):
     """Peak memory (MiB) of one forward+backward over what q, k, v, dout already hold."""
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    fresh_memory_peak()
     base = torch.cuda.memory_allocated()
     impl(qg, kg, vg).backward(dout)
     torch.cuda.synchronize()

@@ -23,6 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, fp8_attention  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_names import fresh_memory_peak  # noqa: E402
+
 VARIANTS = {
     "fp8_delta": {},
     "no_hadamard": {"hadamard": False},
@@ -39,19 +42,15 @@ VARIANTS = {
 
 
 def _bench(fn) -> float:
-    """Median ms of ``fn`` from a fresh memory peak: the FP8 backward chunks only where one pass
-    would raise the peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]``), so each
-    timing is a lone call's, whatever ran before."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    """Median ms of ``fn`` from a fresh memory peak (:func:`recipe_names.fresh_memory_peak`)."""
+    fresh_memory_peak()
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 
 def kernel_times(fn, calls: int = 10) -> list[tuple[str, float, float]]:
     """(kernel name, us per call, launches per call) of ``fn``'s CUDA kernels, longest first (from
     a fresh memory peak, as :func:`_bench`)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    fresh_memory_peak()
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

@@ -1,16 +1,29 @@
 """Recipe names with options, as the benchmarks take them: ``recipe+flag`` is the named recipe
 (:data:`hf_fp8_attention.RECIPES`) with a boolean config option switched on, e.g.
 ``fp8_delta_fast+dq_in_stats``, and ``recipe+field=value`` one with a config field set, e.g.
-``fp8_delta+ds_scales=tile``; and launch-table entries, ``KEY=VALUE,...``."""
+``fp8_delta+ds_scales=tile``; and launch-table entries, ``KEY=VALUE,...``. Also
+:func:`fresh_memory_peak`, which the timing scripts call before each measurement."""
 from __future__ import annotations
 
 import dataclasses
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
+
+def fresh_memory_peak() -> None:
+    """Reset the device's peak of allocated memory (after a sync) before a measurement. The FP8
+    backward chunks only where one pass would raise that peak
+    (``kernels.backward.LAUNCH["backward_chunks_below_peak"]``), so without the reset a timed
+    call's path would depend on what an earlier config or shape had allocated; from a fresh peak
+    it runs as a lone call does."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+
 
 CONFIG_FLAGS = ("dq_in_stats",)  # the boolean options a name may switch on
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(FP8AttentionConfig)}
