@@ -150,6 +150,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["POW2"] = False
     if "QDO_HEAD" in kernel.arg_names:
         consts["QDO_HEAD"] = qdo_head
+    if "HEAD_GROUP" in kernel.arg_names:
+        consts["HEAD_GROUP"] = gluon_hopper.head_group(causal)
     # The kernel's layout and schedule switches, from the module's constants of those names.
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
     sig = {name: "i32" for name in kernel.arg_names}

@@ -21,7 +21,8 @@ FlashAttention-3's backward:
   slower on the H200); in shared memory with 32-query tiles.
 
 One program per (128 keys, batch · kv head) loops over the G query heads of its kv head (GQA) and
-their visible query tiles, causal programs with the most tiles first. Per query head the
+their visible query tiles, causal programs with the most tiles first, four kv heads at a time
+(``gluon_hopper.DISPATCH``). Per query head the
 accumulators are rescaled by the ratio of the previous head's channel factors to this head's, as
 the Triton launch does (its COL_SEQ docstring), so the result is Σ_g c_g · (head g's products).
 
@@ -40,12 +41,12 @@ import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, ring_barriers, scale_from_amax, tma_load,
-        warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers, scale_from_amax,
+        tma_load, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
@@ -119,7 +120,8 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
     _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
-        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, POW2=pow2, QDO_HEAD=qdo_head, KV_REGS=KV_IN_REGISTERS,
+        BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal), POW2=pow2,
+        QDO_HEAD=qdo_head, KV_REGS=KV_IN_REGISTERS,
         MERGED=MERGED_WAITS and (groups == 1 or MERGED_GQA),
         STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
@@ -360,15 +362,17 @@ if gluon is not None:
         DS_BOUND,  # (B·Hq,) int32: the bits of each query head's fp32 dS bound
         DK, DV,  # (B, Hkv, Sk, D) in the input dtype
         H, G, SQ, SK, NT_Q, qk_scale, tau,
-        BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        QDO_HEAD: gl.constexpr, KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr,
+        BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
+        POW2: gl.constexpr, QDO_HEAD: gl.constexpr, KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
         BLOCK_K: gl.constexpr = 2 * HALF_K
-        n_blk = gl.num_programs(0)
-        pid = gl.program_id(0) if CAUSAL else n_blk - 1 - gl.program_id(0)  # causal: longest key blocks first
-        bh_k = gl.program_id(1)
+        if CAUSAL:  # longest key blocks first, HEAD_GROUP rows at a time
+            pid, bh_k = grouped_program(HEAD_GROUP)
+        else:
+            pid = gl.num_programs(0) - 1 - gl.program_id(0)
+            bh_k = gl.program_id(1)
         hkv = H // G
         seq = bh_k // hkv
         h0 = (bh_k % hkv) * G  # the kv head's first query head

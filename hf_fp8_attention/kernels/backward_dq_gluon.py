@@ -27,7 +27,7 @@ import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 
 if gluon is not None:
     from .gluon_hopper import (
@@ -88,8 +88,9 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
     _dq_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, QDO_REGS=QDO_IN_REGISTERS, STAGES=STAGES,
-        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
+        POW2=pow2, QDO_REGS=QDO_IN_REGISTERS, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -179,10 +180,11 @@ if gluon is not None:
         DS_BOUND,  # (B·Hq,) int32: the bits of each query head's fp32 dS bound
         DQ,  # (B, Hq, Sq, D) in the input dtype
         H, G, SQ, SK, NT_K, qk_scale, tau,
-        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        QDO_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
+        POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
     ):
-        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)

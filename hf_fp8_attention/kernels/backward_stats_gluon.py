@@ -28,7 +28,7 @@ import torch
 
 from ..config import DeltaMode, FP8AttentionConfig
 from ..masking import MaskSpec
-from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 
 if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
@@ -92,8 +92,9 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
     _stats_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
-        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
+        PIPELINED=PIPELINED, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+        maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -269,10 +270,10 @@ if gluon is not None:
         LSE2, LSE2DO, DELTA,  # (B·Hq, Sq) fp32, written
         DS_BOUND,  # (B·Hq,) int32: each query head's fp32 dS bound, as bits (atomic max)
         H, G, SQ, SK, qk_scale,
-        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr,
-        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
+        PIPELINED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
-        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)

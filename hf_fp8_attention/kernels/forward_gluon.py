@@ -37,7 +37,7 @@ import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
-from .gluon_hopper import descriptor, device_reason, gluon, recipe_reason, shape_reason
+from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 
 if gluon is not None:
     from .gluon_hopper import (
@@ -109,8 +109,9 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
              descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
         *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS,
-        PINGPONG=PINGPONG, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX, CONSUMER_REGS=CONSUMER_REGS,
+        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
+        Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX,
+        CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -267,12 +268,13 @@ if gluon is not None:
         OUT,  # (B, Hq, Sq, D) in the input dtype, contiguous
         LSE,  # (B, Hq, Sq) fp32
         H, G, SQ, SK, NT_K, qk_scale, slack,
-        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr,
-        MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
+        Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+        LOG2_PMAX: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
-        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+        bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)

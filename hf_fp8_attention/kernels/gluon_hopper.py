@@ -2,8 +2,8 @@
 backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shape and device checks
 and the choice between a Gluon kernel and its Triton launch,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
-ring barriers, the consumers' register layouts, and the query-side programs' (forward, dQ,
-statistics) grid mapping and producer warp.
+ring barriers, the consumers' register layouts, the causal programs' dispatch order, and the
+query-side programs' (forward, dQ, statistics) grid mapping and producer warp.
 
 The kernels run the block-free recipes (``fp8_delta``, ``fp8_stale`` and their fast twins: one
 scale per (sequence, head) for K and V, per token or per (sequence, head) for Q and dO, channel
@@ -33,6 +33,22 @@ except (ImportError, AttributeError):
 
 
 logger = logging.getLogger(__name__)
+
+# Causal programs are dispatched longest first across HEAD_GROUP rows of the grid (batch · head) at a
+# time, not one row after the other. The kernels run one program per SM, and GPUs start programs in
+# the order of their linear index (axis 0 fastest): with rows one after the other, the last row's
+# longest programs start near the end and set the tail. A list-scheduling model over 132 SMs puts
+# that tail at +24% of the ideal time at 8k tokens, B = 1 and 8 kv heads (the dK/dV launch), +12% with
+# 16 heads and +6% at B = 2, against under +1.5% with rows taken four at a time; four at a time keeps
+# the operands read concurrently to four rows' (L2), where all rows at once slowed the forward at
+# 16k tokens (benchmarks/NOTES.md, "Backward"). 1 is the order of rows one after the other.
+DISPATCH = {"head_group": 4}
+
+
+def head_group(causal: bool) -> int:
+    """The HEAD_GROUP constexpr of a launch: ``DISPATCH["head_group"]`` for causal programs (whose
+    lengths differ); 1 otherwise, where every program is as long as the others."""
+    return int(DISPATCH["head_group"]) if causal else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,14 +186,32 @@ if gluon is not None:
         return once, ready, empty
 
     @gluon.jit
-    def query_block(H, G, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def grouped_program(HEAD_GROUP: gl.constexpr):
+        """(rank, row) of this program in a grid (blocks, rows), visited in launch order (axis 0
+        fastest) as: rows in groups of HEAD_GROUP (the last group smaller where HEAD_GROUP does not
+        divide the rows), and within a group rank 0 of each of its rows, then rank 1, ... A bijection
+        onto (rank, row); with HEAD_GROUP 1 it is (program_id(0), program_id(1))."""
+        n_blk = gl.num_programs(0)
+        lin = gl.program_id(1) * n_blk + gl.program_id(0)
+        first = (lin // (HEAD_GROUP * n_blk)) * HEAD_GROUP
+        size = gl.minimum(gl.num_programs(1) - first, HEAD_GROUP)
+        within = lin - first * n_blk
+        return within // size, first + within % size
+
+    @gluon.jit
+    def query_block(H, G, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                    HEAD_GROUP: gl.constexpr):
         """(bh_q, bh_k, m0, t_hi) of a program over BLOCK_M queries of one (batch, query head), grid
         (query blocks, B·H): its query head's and kv head's row-block indices, its first query and
         the end of its BLOCK_N-key tiles (causal: up to its diagonal; programs with the most key
-        tiles first)."""
+        tiles first, HEAD_GROUP rows at a time: :func:`grouped_program`)."""
         n_blk = gl.num_programs(0)
-        pid = n_blk - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
-        bh_q = gl.program_id(1)
+        if CAUSAL:
+            rank, bh_q = grouped_program(HEAD_GROUP)
+            pid = n_blk - 1 - rank
+        else:
+            pid = gl.program_id(0)
+            bh_q = gl.program_id(1)
         bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
         m0 = pid * BLOCK_M
         t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N

@@ -212,6 +212,46 @@ def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monke
         assert torch.equal(torch.isnan(x), torch.isnan(r)), label
 
 
+
+@pytest.mark.parametrize("recipe", ("fp8_delta", "fp8_delta_fast"))
+@pytest.mark.parametrize("shape", ("causal_gqa_d128", "causal_g3_d128"))
+def test_causal_dispatch_order_changes_no_bit(shape, recipe, gluon_calls, monkeypatch):
+    """Causal Gluon programs run longest first ``gluon_hopper.DISPATCH["head_group"]`` (batch, head)
+    rows at a time. Each program computes the same tiles whatever its place in the order, and the
+    only cross-program step (the dS bound's atomic max) is order-free, so the forward's O and LSE and
+    the three gradients are the same bits under every grouping: rows one after the other (1), groups
+    that do not divide the rows (3, with 4 or 6 query rows and 2 kv rows), and one group over all
+    rows (8). A mapping that skipped or repeated a (rank, row) would leave rows unwritten or wrong."""
+    from hf_fp8_attention.kernels import forward, forward_gluon, gluon_hopper
+
+    monkeypatch.setattr(forward, "GLUON_FORWARD", forward_gluon.HEAD_DIMS)
+    forward_calls = [0]
+    run_forward = forward_gluon.gluon_forward
+
+    def forward_spy(*args, **kwargs):
+        forward_calls[0] += 1
+        return run_forward(*args, **kwargs)
+    monkeypatch.setattr(forward_gluon, "gluon_forward", forward_spy)
+    monkeypatch.setattr(gluon_hopper, "DISPATCH", dict(gluon_hopper.DISPATCH))
+    config = RECIPES[recipe]
+    tensors, mask, scale, _ = _problem(shape, config, seed=11)
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in tensors)
+
+    def run(group):
+        gluon_hopper.DISPATCH["head_group"] = group
+        out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+        return (out, lse) + tuple(backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask,
+                                                           config=config))
+
+    want = run(4)
+    assert forward_calls[0] == 1 and gluon_calls == dict.fromkeys(KERNELS, 1)
+    for group in (1, 3, 8):
+        got = run(group)
+        for label, x, r in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            assert torch.equal(x, r), (group, label)
+    assert forward_calls[0] == 4 and gluon_calls == dict.fromkeys(KERNELS, 4)
+    assert all(torch.isfinite(x).all() for x in want)
+
 def test_backward_chunks_only_where_one_pass_raises_the_peak(monkeypatch):
     """``LAUNCH["backward_chunks_below_peak"]`` against the real allocator: a large call from a
     fresh memory peak runs in chunks; after a larger allocation has raised the peak (as a training
