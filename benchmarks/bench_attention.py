@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import CONFIG_FLAGS, apply_launch_tables, fresh_memory_peak, recipe_config  # noqa: E402
+from recipe_names import (CONFIG_FLAGS, add_schedule_options, apply_launch_tables, apply_schedule_options,  # noqa: E402
+                          fresh_memory_peak, recipe_config)
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -88,16 +89,10 @@ def parse_args(argv=None):
                    help="entries of quantize.ROTATED_LAUNCH for this run (e.g. maxnreg=None,row_stages=None)")
     p.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                    help="entries of sequence_stats.ROTATED_PARTIALS for this run (e.g. stages=None)")
-    p.add_argument("--backward-chunks", type=int, default=None, metavar="N",
-                   help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
+    add_schedule_options(p)
     args = p.parse_args(argv)
     apply_launch_tables(p, args.quant_launch, args.stats_launch)
-    if args.backward_chunks is not None:
-        if args.backward_chunks < 1:
-            p.error(f"--backward-chunks must be at least 1, got {args.backward_chunks}")
-        from hf_fp8_attention.kernels.backward import LAUNCH as BACKWARD_LAUNCH
-
-        BACKWARD_LAUNCH["backward_chunks"] = args.backward_chunks
+    args.schedule = apply_schedule_options(p, args)
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
@@ -323,8 +318,8 @@ def render(env, rows, args) -> str:
         lines += ["", f"Quantization launch table set for this run: `{args.quant_launch}`"]
     if args.stats_launch:
         lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
-    if args.backward_chunks is not None:
-        lines += ["", f"FP8 backward in {args.backward_chunks} chunk(s) for this run (`--backward-chunks`)"]
+    if args.schedule:
+        lines += ["", f"Launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`)"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

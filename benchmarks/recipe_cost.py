@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import fresh_memory_peak  # noqa: E402
+from recipe_names import add_schedule_options, apply_schedule_options, fresh_memory_peak  # noqa: E402
 
 VARIANTS = {
     "fp8_delta": {},
@@ -83,11 +83,14 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--causal", type=int, default=1)
     p.add_argument("--kernels", default="", help="comma-separated variants: per-kernel GPU time instead")
+    add_schedule_options(p)
     a = p.parse_args()
+    schedule = apply_schedule_options(p, a)
     hkv = a.kv_heads or a.heads
     q, k, v, do = (torch.randn((a.batch, h, a.seq, a.dim), device="cuda", dtype=torch.bfloat16)
                    for h in (a.heads, hkv, hkv, a.heads))
-    print(f"B={a.batch} H={a.heads} Hkv={hkv} S={a.seq} D={a.dim} causal={bool(a.causal)}  (ms, median of do_bench)")
+    print(f"B={a.batch} H={a.heads} Hkv={hkv} S={a.seq} D={a.dim} causal={bool(a.causal)} {schedule}"
+          "  (ms, median of do_bench)")
     if a.kernels:
         profile_kernels(a, q, k, v, do)
         return

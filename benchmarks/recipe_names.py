@@ -2,7 +2,8 @@
 (:data:`hf_fp8_attention.RECIPES`) with a boolean config option switched on, e.g.
 ``fp8_delta_fast+dq_in_stats``, and ``recipe+field=value`` one with a config field set, e.g.
 ``fp8_delta+ds_scales=tile``; and launch-table entries, ``KEY=VALUE,...``. Also
-:func:`fresh_memory_peak`, which the timing scripts call before each measurement."""
+:func:`fresh_memory_peak`, which the timing scripts call before each measurement, and the
+schedule options they share (:func:`add_schedule_options`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -82,3 +83,37 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
             set_table_entries(table, spec, table_name)
         except ValueError as err:
             parser.error(f"{flag}: {err}")
+
+
+
+def add_schedule_options(parser) -> None:
+    """The launch-schedule options the timing scripts share; apply them after parsing with
+    :func:`apply_schedule_options`:
+
+    - ``--backward-chunks N``: the FP8 backward in N chunks (``kernels.backward.LAUNCH["backward_chunks"]``;
+      1 is one pass);
+    - ``--head-group N``: causal Gluon programs dispatched longest first N (batch, head) rows at a time
+      (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other)."""
+    parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
+                        help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
+    parser.add_argument("--head-group", type=int, default=None, metavar="N",
+                        help="causal Gluon programs longest first, N (batch, head) rows at a time "
+                             "(kernels.gluon_hopper.DISPATCH['head_group']) for this run")
+
+
+def apply_schedule_options(parser, args) -> str:
+    """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
+    the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
+    scripts' headers."""
+    from hf_fp8_attention.kernels import backward, gluon_hopper
+
+    notes = []
+    for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
+                                    ("--head-group", args.head_group, gluon_hopper.DISPATCH, "head_group")):
+        if value is None:
+            continue
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+        table[key] = value
+        notes.append(f"{key}={value}")
+    return " ".join(notes)
