@@ -122,17 +122,22 @@ def test_chunks_only_where_one_pass_would_raise_the_peak(monkeypatch):
     q, k = _CudaShaped(1, 16, 8192, 128), _CudaShaped(1, 8, 8192, 128)
     one_pass = 4 * (1 << 24) + 3 * (1 << 23) + 2 * (1 << 24) + 2 * 2 * (1 << 23)
     allocated = 1 << 30
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+
+    def counters(current, peak):  # the allocator's nested statistics, as torch.cuda returns them
+        return lambda device=None: {"allocated_bytes": {"all": {"current": current, "peak": peak}}}
+
     for peak, expected in ((allocated + one_pass, 1), (allocated + one_pass - 1, 2)):
-        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None, peak=peak: peak)
+        monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", counters(allocated, peak))
         assert len(backward._chunk_slices(q, k, mask, config)) == expected, peak
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", False)  # by size alone
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1 << 40)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", counters(allocated, 1 << 40))
     assert len(backward._chunk_slices(q, k, mask, config)) == 2
     monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", True)
 
     def no_stats(device=None):  # what a pluggable allocator without statistics does
         raise RuntimeError("the allocator does not yet support getDeviceStats")
 
-    monkeypatch.setattr(torch.cuda, "memory_allocated", no_stats)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", no_stats)
+    assert len(backward._chunk_slices(q, k, mask, config)) == 2  # by size, no error
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: {})  # CUDA not initialised
     assert len(backward._chunk_slices(q, k, mask, config)) == 2  # by size, no error

@@ -598,17 +598,19 @@ def _one_pass_stays_under_peak(q, k) -> bool:
     device's peak of allocated memory so far (CUDA tensors only; False elsewhere). Counted, as an
     upper bound: the seven FP8 copies (Q and dO row- and channel-wise, K row- and channel-wise, V
     row-wise: 4·|Q| + 3·|K| bytes) and the three gradients, all live at once. Host-side allocator
-    counters: no device sync. An allocator without them (a pluggable one raises) counts as False:
-    the chunks then follow the size alone, as before the rule (the same gradients either way)."""
+    counters, read once as the allocator's nested dict (``torch.cuda.memory_allocated`` and
+    ``max_memory_allocated`` each flatten and sort the whole of it in Python): no device sync. An
+    allocator without them (a pluggable one raises) counts as False: the chunks then follow the size
+    alone, as before the rule (the same gradients either way)."""
     if q.device.type != "cuda":
         return False
     nq, nk = q.numel(), k.numel()
     one_pass = 4 * nq + 3 * nk + q.element_size() * nq + 2 * k.element_size() * nk
     try:
-        allocated, peak = torch.cuda.memory_allocated(q.device), torch.cuda.max_memory_allocated(q.device)
-    except RuntimeError:
+        counters = torch.cuda.memory_stats_as_nested_dict(q.device)["allocated_bytes"]["all"]
+    except (RuntimeError, KeyError):
         return False
-    return allocated + one_pass <= peak
+    return counters["current"] + one_pass <= counters["peak"]
 
 
 def _even_ranges(total: int, n: int) -> list[tuple[int, int]]:
