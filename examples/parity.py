@@ -57,17 +57,23 @@ from hf_fp8_attention.training.corpus import package_names, package_versions  # 
 PHASES = ("finetune", "extend", "ladder")
 MODES = ("sdpa", "fp8_delta", "fp8_stale", "fp8_delta_fast", "hybrid_delta", "hybrid_stale")
 REFERENCE = "sdpa"
-# Llama shapes of the ladder (head_dim 64, GQA 4 kv heads, tied embeddings; params with an 8k vocab).
+# Llama shapes of the ladder (head_dim 64, 4 kv heads, 5 at 60m whose 10 heads 4 does not divide, tied
+# embeddings; params with an 8k vocab). 60m is the middle rung of the ladder that fits 30-minute GPU slots, whose runs cannot
+# carry a checkpoint from one machine to the next (docs/parity.md): 30m, 60m, 120m; 350m needs longer.
 LADDER = {
     "30m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=4, head_dim=64),
+    "60m": dict(hidden_size=640, intermediate_size=1920, num_hidden_layers=12, num_attention_heads=10,
+                num_key_value_heads=5, head_dim=64),
     "120m": dict(hidden_size=768, intermediate_size=2304, num_hidden_layers=16, num_attention_heads=12,
                  num_key_value_heads=4, head_dim=64),
     "350m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=30, num_attention_heads=16,
                  num_key_value_heads=4, head_dim=64),
 }
-TINY_LADDER = {  # the same three rungs at CPU size (1-3 layers, head_dim 64 as the FP8 recipes need)
+TINY_LADDER = {  # the same rungs at CPU size (1-3 layers, head_dim 64 as the FP8 recipes need)
     "30m": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=1,
+                num_key_value_heads=1, head_dim=64),
+    "60m": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=64),
     "120m": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=64),
