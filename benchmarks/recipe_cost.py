@@ -89,8 +89,8 @@ def main() -> None:
     hkv = a.kv_heads or a.heads
     q, k, v, do = (torch.randn((a.batch, h, a.seq, a.dim), device="cuda", dtype=torch.bfloat16)
                    for h in (a.heads, hkv, hkv, a.heads))
-    print(f"B={a.batch} H={a.heads} Hkv={hkv} S={a.seq} D={a.dim} causal={bool(a.causal)} {schedule}"
-          "  (ms, median of do_bench)")
+    print(f"B={a.batch} H={a.heads} Hkv={hkv} S={a.seq} D={a.dim} causal={bool(a.causal)}"
+          f"{' ' + schedule if schedule else ''}  (ms, median of do_bench)")
     if a.kernels:
         profile_kernels(a, q, k, v, do)
         return

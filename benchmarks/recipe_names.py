@@ -85,7 +85,6 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
             parser.error(f"{flag}: {err}")
 
 
-
 def add_schedule_options(parser) -> None:
     """The launch-schedule options the timing scripts share; apply them after parsing with
     :func:`apply_schedule_options`:

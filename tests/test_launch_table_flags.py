@@ -73,15 +73,17 @@ def test_bench_attention_backward_chunks_sets_the_table(monkeypatch, capsys):
 def test_bench_attention_head_group_sets_the_dispatch_and_the_header(monkeypatch, capsys):
     pytest.importorskip("triton")
     import bench_attention
-    from hf_fp8_attention.kernels import gluon_hopper
+    from hf_fp8_attention.kernels import backward, gluon_hopper
 
     monkeypatch.setattr(gluon_hopper, "DISPATCH", dict(gluon_hopper.DISPATCH))
+    monkeypatch.setattr(backward, "LAUNCH", dict(backward.LAUNCH))
     args = bench_attention.parse_args(["--head-group", "1", "--modes", "fwdbwd"])
     assert gluon_hopper.DISPATCH["head_group"] == 1
     assert gluon_hopper.head_group(True) == 1 and gluon_hopper.head_group(False) == 1
     assert args.schedule == "head_group=1"
     args = bench_attention.parse_args(["--head-group", "8", "--backward-chunks", "1", "--modes", "fwdbwd"])
     assert gluon_hopper.head_group(True) == 8 and gluon_hopper.head_group(False) == 1
+    assert backward.LAUNCH["backward_chunks"] == 1
     env = {"gpu": "GPU", "capability": "sm_90", "torch": "t", "triton": "tr", "cuda": "c", "cudnn": 1,
            "python": "p", "date_utc": "d", "fp8_backward_kernel": "available"}
     assert "Launch schedule set for this run: backward_chunks=1 head_group=8" in bench_attention.render(env, [], args)

@@ -212,7 +212,6 @@ def test_gluon_backward_propagates_nan_as_the_triton_launches(gluon_calls, monke
         assert torch.equal(torch.isnan(x), torch.isnan(r)), label
 
 
-
 @pytest.mark.parametrize("recipe", ("fp8_delta", "fp8_delta_fast"))
 @pytest.mark.parametrize("shape", ("causal_gqa_d128", "causal_g3_d128"))
 def test_causal_dispatch_order_changes_no_bit(shape, recipe, gluon_calls, monkeypatch):
@@ -251,6 +250,7 @@ def test_causal_dispatch_order_changes_no_bit(shape, recipe, gluon_calls, monkey
             assert torch.equal(x, r), (group, label)
     assert forward_calls[0] == 4 and gluon_calls == dict.fromkeys(KERNELS, 4)
     assert all(torch.isfinite(x).all() for x in want)
+
 
 def test_backward_chunks_only_where_one_pass_raises_the_peak(monkeypatch):
     """``LAUNCH["backward_chunks_below_peak"]`` against the real allocator: a large call from a
