@@ -54,6 +54,7 @@ from hf_fp8_attention import RECIPES, register_fp8_attention  # noqa: E402
 from hf_fp8_attention.integration import DEFAULT_BACKENDS  # noqa: E402
 from bench_attention import environment, write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
+from recipe_names import add_schedule_options, apply_schedule_options  # noqa: E402
 
 MODELS = {
     "llama0.9b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
@@ -329,6 +330,8 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
     clock = "CUDA events" if env["device"] == "cuda" else "host clock"
     by_size = getattr(args, "chunk_by_size", False)
     chunks = "; its backward chunked by call size alone (--chunk-by-size)" if by_size else ""
+    if getattr(args, "schedule", ""):
+        chunks += f"; launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`)"
     lines = [f"# One training step (forward, backward, AdamW) per attention backend — {env['gpu']}{tiny}", "",
              " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "transformers", "cuda", "python", "date_utc")
                         if env.get(k) is not None), "",
@@ -393,7 +396,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-by-size", action="store_true",
                    help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
                         "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
+    add_schedule_options(p)
     args = p.parse_args(argv)
+    args.schedule = apply_schedule_options(p, args)
     if args.chunk_by_size:
         from hf_fp8_attention.kernels.backward import LAUNCH as BACKWARD_LAUNCH
 

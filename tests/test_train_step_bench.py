@@ -14,7 +14,8 @@ def test_train_step_tiny_on_cpu_writes_rows(tmp_path):
     env = {**os.environ, "HF_FP8_ATTENTION_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "benchmarks/train_step.py", "--tiny", "--attn", "sdpa,fp8_delta", "--modes", "eager",
-           "--steps", "1", "--warmup", "1", "--models", "smollm2", "--tag", "tiny_test", "--out-dir", str(tmp_path)]
+           "--steps", "1", "--warmup", "1", "--models", "smollm2", "--tag", "tiny_test", "--out-dir", str(tmp_path),
+           "--head-group", "2"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, text=True, capture_output=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "on CPU in fp32" in proc.stdout
@@ -31,6 +32,7 @@ def test_train_step_tiny_on_cpu_writes_rows(tmp_path):
 
     table = (tmp_path / "tiny_test.md").read_text()
     assert "| eager | 256 | fp8_delta |" in table and "transformers" in table
+    assert "launch schedule set for this run: head_group=2" in table
     assert table in proc.stdout
 
 
