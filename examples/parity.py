@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # context_extension.ex
 import hf_fp8_attention  # noqa: E402  (registers fp8_delta / fp8_stale with Transformers)
 from hf_fp8_attention.training import UsageError, main_with_usage_errors  # noqa: E402
 from hf_fp8_attention.training.corpus import package_names, package_versions  # noqa: E402
+from hf_fp8_attention.training.ladder_summary import ladder_gaps, ladder_table, plot_ladder_gaps  # noqa: E402
 
 PHASES = ("finetune", "extend", "ladder")
 MODES = ("sdpa", "fp8_delta", "fp8_stale", "fp8_delta_fast", "hybrid_delta", "hybrid_stale")
@@ -849,6 +850,16 @@ def report(args) -> dict:
         lines += ["", "Commands:", "", "```"]
         lines += sorted({r["spec"]["command"] for r in members})
         lines += ["```", ""]
+    ladder_runs = [r for r in runs if r["spec"]["phase"] == "ladder"]
+    if ladder_runs:  # the rungs side by side: each mode's gap to sdpa against the model size
+        rows = ladder_gaps(ladder_runs, MODES, REFERENCE)
+        lines += ["## ladder — across sizes", "",
+                  "Final held-out loss minus sdpa's on the same seed (same initial weights and batches), the "
+                  "mean over the seeds both finished; sdpa's own seed spread beside it.", "",
+                  *ladder_table(rows, MODES, REFERENCE), ""]
+        png = plot_ladder_gaps(rows, out / "ladder_gap_vs_params.png", reference=REFERENCE)
+        pngs.append(png)
+        lines += [f"![ladder_gap_vs_params]({png.name})", ""]
     out.mkdir(parents=True, exist_ok=True)
     md = out / "report.md"
     md.write_text("\n".join(lines) + "\n")

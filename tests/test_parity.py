@@ -106,8 +106,13 @@ def test_report(out, env):
     assert (f"python examples/parity.py finetune --tiny --eval-every 2 --probe-every 2 --save-every 2 --max-steps 4 "
             f"--out-dir {out} --modes fp8_delta --variants full --seeds 0") in md
     assert "±" in md  # two seeds at the smallest ladder size: a spread
+    # the ladder across sizes: sdpa's two seeds (mean ± spread), hybrid_delta's gap paired by seed
+    across = md[md.index("## ladder — across sizes"):]
+    assert "| size | parameters | sdpa held-out loss | Δ hybrid_delta |" in across
+    assert "| 30m |" in across and "(2 seeds) |" in across and "![ladder_gap_vs_params]" in across
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
     assert "finetune_tiny-full_loss_diff_train.png" in pngs and "ladder_30m-full_row_sum_residual.png" in pngs
+    assert "ladder_gap_vs_params.png" in pngs
     assert all((report_dir / p).stat().st_size > 1000 for p in pngs)
     assert "=== report ===" in stdout
 
