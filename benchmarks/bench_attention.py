@@ -319,7 +319,8 @@ def render(env, rows, args) -> str:
     if args.stats_launch:
         lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
     if args.schedule:
-        lines += ["", f"Launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`)"]
+        lines += ["", f"Launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`, "
+                  "`--chunk-by-size`)"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
 
+
 def fresh_memory_peak() -> None:
     """Reset the device's peak of allocated memory (after a sync) before a measurement. The FP8
     backward chunks only where one pass would raise that peak
@@ -92,12 +93,17 @@ def add_schedule_options(parser) -> None:
     - ``--backward-chunks N``: the FP8 backward in N chunks (``kernels.backward.LAUNCH["backward_chunks"]``;
       1 is one pass);
     - ``--head-group N``: causal Gluon programs dispatched longest first N (batch, head) rows at a time
-      (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other)."""
+      (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other);
+    - ``--chunk-by-size``: the FP8 backward in chunks wherever the call is large, whatever the memory
+      peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
                         help="causal Gluon programs longest first, N (batch, head) rows at a time "
                              "(kernels.gluon_hopper.DISPATCH['head_group']) for this run")
+    parser.add_argument("--chunk-by-size", action="store_true",
+                        help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
+                             "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
 
 
 def apply_schedule_options(parser, args) -> str:
@@ -115,4 +121,7 @@ def apply_schedule_options(parser, args) -> str:
             parser.error(f"{flag} must be at least 1, got {value}")
         table[key] = value
         notes.append(f"{key}={value}")
+    if args.chunk_by_size:
+        backward.LAUNCH["backward_chunks_below_peak"] = False
+        notes.append("backward_chunks_below_peak=False")
     return " ".join(notes)

@@ -328,10 +328,9 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
     fused = {r["fused_adamw"] for r in rows if r["status"] == "ok"}
     adamw = {frozenset({True}): "fused", frozenset({False}): "unfused (foreach)"}.get(frozenset(fused), "fused where available")
     clock = "CUDA events" if env["device"] == "cuda" else "host clock"
-    by_size = getattr(args, "chunk_by_size", False)
-    chunks = "; its backward chunked by call size alone (--chunk-by-size)" if by_size else ""
-    if getattr(args, "schedule", ""):
-        chunks += f"; launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`)"
+    schedule = getattr(args, "schedule", "")
+    chunks = (f"; launch schedule set for this run: {schedule} (`--backward-chunks`, `--head-group`, "
+              "`--chunk-by-size`)" if schedule else "")
     lines = [f"# One training step (forward, backward, AdamW) per attention backend — {env['gpu']}{tiny}", "",
              " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "transformers", "cuda", "python", "date_utc")
                         if env.get(k) is not None), "",
@@ -393,16 +392,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no new model build after this many minutes (results are written after each "
                         "build; run again with --resume to go on)")
-    p.add_argument("--chunk-by-size", action="store_true",
-                   help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
-                        "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
     add_schedule_options(p)
     args = p.parse_args(argv)
     args.schedule = apply_schedule_options(p, args)
-    if args.chunk_by_size:
-        from hf_fp8_attention.kernels.backward import LAUNCH as BACKWARD_LAUNCH
-
-        BACKWARD_LAUNCH["backward_chunks_below_peak"] = False
     for name in args.models:
         if name not in MODELS:
             p.error(f"unknown model {name!r}; known: {', '.join(MODELS)}")

@@ -87,6 +87,9 @@ def test_bench_attention_head_group_sets_the_dispatch_and_the_header(monkeypatch
     env = {"gpu": "GPU", "capability": "sm_90", "torch": "t", "triton": "tr", "cuda": "c", "cudnn": 1,
            "python": "p", "date_utc": "d", "fp8_backward_kernel": "available"}
     assert "Launch schedule set for this run: backward_chunks=1 head_group=8" in bench_attention.render(env, [], args)
+    assert backward.LAUNCH["backward_chunks_below_peak"]
+    args = bench_attention.parse_args(["--chunk-by-size", "--modes", "fwdbwd"])
+    assert not backward.LAUNCH["backward_chunks_below_peak"] and args.schedule == "backward_chunks_below_peak=False"
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--head-group", "0"])
     assert "--head-group must be at least 1, got 0" in capsys.readouterr().err
