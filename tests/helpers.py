@@ -73,6 +73,17 @@ def make_qkv(b=1, hq=4, hkv=2, sq=128, sk=None, d=64, dtype=torch.bfloat16, seed
     return tuple(t.to(dtype) for t in (q, k, v, dout))
 
 
+def count_calls(monkeypatch, module, name: str, counts, key) -> None:
+    """Replace ``module.name`` (for the test) by a spy that adds 1 to ``counts[key]`` per call and
+    then calls the original: how the GPU tests check that a kernel's entry point ran."""
+    run = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        counts[key] += 1
+        return run(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+
+
 def chunk_every_call(monkeypatch, chunks: int) -> None:
     """The FP8 backward in ``chunks`` chunks for calls of any size and memory state: the tests'
     problems are far below the default ``LAUNCH["backward_chunk_min_elements"]``, and on a GPU the

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 import noise_model  # noqa: E402
-from helpers import GLUON_RECIPES as RECIPES, chunk_every_call, make_qkv, rel_err  # noqa: E402
+from helpers import GLUON_RECIPES as RECIPES, chunk_every_call, count_calls, make_qkv, rel_err  # noqa: E402
 from test_backward_kernel import BF16_REL, GRAD_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
@@ -77,12 +77,7 @@ def gluon_calls(monkeypatch):
     calls = dict.fromkeys(KERNELS, 0)
     for key, (module, entry, _) in KERNELS.items():
         monkeypatch.setitem(backward.LAUNCH, key, module.HEAD_DIMS)
-        run = getattr(module, entry)
-
-        def spy(*args, _run=run, _key=key, **kwargs):
-            calls[_key] += 1
-            return _run(*args, **kwargs)
-        monkeypatch.setattr(module, entry, spy)
+        count_calls(monkeypatch, module, entry, calls, key)
     return calls
 
 
@@ -225,12 +220,7 @@ def test_causal_dispatch_order_changes_no_bit(shape, recipe, gluon_calls, monkey
 
     monkeypatch.setattr(forward, "GLUON_FORWARD", forward_gluon.HEAD_DIMS)
     forward_calls = [0]
-    run_forward = forward_gluon.gluon_forward
-
-    def forward_spy(*args, **kwargs):
-        forward_calls[0] += 1
-        return run_forward(*args, **kwargs)
-    monkeypatch.setattr(forward_gluon, "gluon_forward", forward_spy)
+    count_calls(monkeypatch, forward_gluon, "gluon_forward", forward_calls, 0)
     monkeypatch.setattr(gluon_hopper, "DISPATCH", dict(gluon_hopper.DISPATCH))
     config = RECIPES[recipe]
     tensors, mask, scale, _ = _problem(shape, config, seed=11)

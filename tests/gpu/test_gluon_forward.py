@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-from helpers import GLUON_RECIPES as RECIPES, make_qkv, rel_err  # noqa: E402
+from helpers import GLUON_RECIPES as RECIPES, count_calls, make_qkv, rel_err  # noqa: E402
 from test_forward_kernel import LSE_ABS as EMULATION_LSE_ABS, O_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
@@ -60,12 +60,7 @@ def gluon_calls(monkeypatch):
         pytest.skip(f"the Gluon forward does not run here: {reason}")
     monkeypatch.setattr(forward, "GLUON_FORWARD", forward_gluon.HEAD_DIMS)
     calls = [0]
-    run = forward_gluon.gluon_forward
-
-    def spy(*args, **kwargs):
-        calls[0] += 1
-        return run(*args, **kwargs)
-    monkeypatch.setattr(forward_gluon, "gluon_forward", spy)
+    count_calls(monkeypatch, forward_gluon, "gluon_forward", calls, 0)
     return calls
 
 
