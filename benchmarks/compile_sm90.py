@@ -154,6 +154,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["HEAD_GROUP"] = gluon_hopper.head_group(causal)
     # The kernel's layout and schedule switches, from the module's constants of those names.
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
+    if "FMA_BOUND" in kernel.arg_names:  # the forward's exponent form (forward_gluon.fma_bound)
+        consts["FMA_BOUND"] = mod.fma_bound()
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
@@ -222,32 +224,37 @@ def main(argv=None) -> int:
         # built in each of their LAYOUTS
         layered = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon,
                    "stats": backward_stats_gluon}
-        builds = [(name, layout, d, True) for name, module in layered.items() for layout in module.LAYOUTS
+        builds = [(name, layout, d, True, False) for name, module in layered.items() for layout in module.LAYOUTS
                   for d in module.HEAD_DIMS]
         # dK/dV's default layout with per-token Q and dO scales too (fp8_delta, fp8_stale)
-        builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False) for d in backward_dkdv_gluon.HEAD_DIMS]
-        for name, layout, d, qdo_head in builds:
+        builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False, False)
+                   for d in backward_dkdv_gluon.HEAD_DIMS]
+        # the forward's default layout with the one-FMA exponent (forward_gluon.FMA_EXPONENT)
+        builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True) for d in forward_gluon.HEAD_DIMS]
+        for name, layout, d, qdo_head, fma in builds:
             for causal in (True, False):
                 module = layered.get(name)
                 names = module.LAYOUT_CONSTANTS if layout else ()
                 default = [getattr(module, n) for n in names]
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)
+                forward_gluon.FMA_EXPONENT = fma
                 try:
                     compiled = compile_gluon(name, d, causal, qdo_head=qdo_head)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
+                    forward_gluon.FMA_EXPONENT = False
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3
-                rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, qdo_head=qdo_head,
+                rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, qdo_head=qdo_head, fma_exponent=fma,
                                  shared=compiled.metadata.shared,
                                  spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
                                  mma_loops=mma_loops(compiled)))
                 if not args.json:
                     r = rows[-1]
-                    label = (layout or "") + ("" if qdo_head else " (Q, dO per token)")
+                    label = (layout or "") + ("" if qdo_head else " (Q, dO per token)") + (" (FMA exp.)" if fma else "")
                     print(f"{name:5s} {label:16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
                           f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:

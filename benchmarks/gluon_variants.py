@@ -49,6 +49,8 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
+    # the forward's one-FMA exponent where a warpgroup's bound allows (forward_gluon.FMA_EXPONENT)
+    "fwd_fma_exponent": ({}, {(forward_gluon, "FMA_EXPONENT"): True}),
     # the Gluon kernels' operand layouts and schedules (each variant changes one kernel's; the
     # statistics kernel's also switch that kernel on)
     **{f"{prefix}_{name}": (launch, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})

@@ -106,9 +106,10 @@ def test_cpu_tensors_take_the_triton_launches():
 
 
 def test_compiles_for_sm90():
-    """Every kernel at every head dim it is built for, in each of its LAYOUTS (operand layouts, schedules),
-    built as the GPU builds it (in a fresh process without the interpreter, whose patches of
-    triton.language a Gluon compile in this process would meet after other tests): shared memory fits
+    """Every kernel at every head dim it is built for, in each of its LAYOUTS (operand layouts,
+    schedules), and the forward with its one-FMA exponent, built as the GPU builds it (in a fresh
+    process without the interpreter, whose patches of triton.language a Gluon compile in this
+    process would meet after other tests): shared memory fits
     a block, the consumers' tile loops keep their accumulators in registers (no local-memory traffic
     beyond one reload), and ptxas did not serialise their MMAs (a wait after each)."""
     if gluon_hopper.gluon is None:
@@ -126,6 +127,12 @@ def test_compiles_for_sm90():
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
         assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in r["mma_loops"]), r
         assert all(loop["waits"] < loop["mma"] for loop in r["mma_loops"]), r
+    # the forward with the one-FMA exponent: its loops and the exact form's (forward_gluon.FMA_EXPONENT)
+    fma = [r for r in rows if r["fma_exponent"]]
+    assert {r["causal"] for r in fma} == {True, False}
+    assert all(len(r["mma_loops"]) == 2 * len(exact["mma_loops"]) for r in fma for exact in rows
+               if exact["kernel"] == "fwd" and exact["layout"] == r["layout"] and exact["causal"] == r["causal"]
+               and not exact["fma_exponent"])
 
 
 def test_device_checks(monkeypatch):

@@ -14,6 +14,15 @@ docstring: G = REF_SLACK, q2 = Q's scale · K's scale · τ · log2 e). O may di
 launch's only by the order of the row sums of p (on the H200 it was bit-identical in every timed
 shape).
 
+The one-FMA exponent (``FMA_EXPONENT``, off by default): p = 2^(x·q2 − (r_T·q2 − log2 448)), one FMA
+per score instead of an add and an FMA (548 → 487 instructions per tile in the interior loop,
+offline for sm_90a). The rounding of r_T·q2 − log2 448 to fp32 moves the whole row's p by up to
+2^-24·|r_T·q2| relative, which at logits of ~1e6 let the max's code saturate while l counted it in
+full (forward.py's module docstring). So each consumer warpgroup takes the FMA only where a bound
+on its rows' |r·q2| (:func:`fma_row_bound`, from the largest row factor and |x| <= D·448²) is
+below ``FMA_EXPONENT_BOUND``, and the exact form otherwise; both loops are compiled. On real
+activations (``benchmarks/fma_exponent.py``) the bound sits 20x below it and p moves by ~3e-6.
+
 Why: the Triton launch runs the two products and the per-score work of a tile one after the other
 in each warp (0.74 PFLOP/s at 8k causal; the products alone take ~2/3 of its time, the per-score
 work alone about as much: benchmarks/NOTES.md, "What limits the kernels"). Here a producer warp
@@ -68,6 +77,26 @@ LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (Fa
            "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
            "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+# The one-FMA exponent (module docstring): off until timed on the GPU. Where on, a consumer
+# warpgroup takes it if its rows' bound on |r·q2| (log2 units) is below FMA_EXPONENT_BOUND: p then
+# moves by at most 2^-24 · 2^14 · ln 2 = 6.8e-4 relative from the exact form's (at real logits, |r·q2|
+# ~ 30-40, by ~2^-19), against 2^-4 to 2^-3 between E4M3 codes. On the real-activation fixture the
+# bound is 866-934 at most (benchmarks/fma_exponent.py): real rows take the FMA, only huge logits the exact form.
+FMA_EXPONENT = False
+FMA_EXPONENT_BOUND = 2.0**14
+
+
+def fma_row_bound(q2_max: float, head_dim: int, slack: float) -> float:
+    """What a consumer warpgroup compares with FMA_BOUND, in Python: a bound on |r·q2 − log2 448| over
+    its rows, from their largest row factor ``q2_max`` (|x| <= head_dim · 448², r within ``slack``
+    log2 units of a row's max). NaN for a NaN factor, so that the comparison fails."""
+    return q2_max * (head_dim * 448.0 * 448.0) + slack + LOG2_PMAX
+
+
+def fma_bound() -> float:
+    """The kernel's FMA_BOUND constexpr: :data:`FMA_EXPONENT_BOUND` where :data:`FMA_EXPONENT` is
+    on, else 0 (the exact form everywhere, and no second copy of the loops compiled)."""
+    return float(FMA_EXPONENT_BOUND) if FMA_EXPONENT else 0.0
 LOG2_PMAX = math.log2(448.0)
 
 
@@ -111,16 +140,18 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
         Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX,
-        CONSUMER_REGS=CONSUMER_REGS,
+        FMA_BOUND=fma_bound(), CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
     @gluon.jit
     def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
-                      LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+                      LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                      FMA_EXP: gl.constexpr):
         """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
-        forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score."""
+        forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score, or,
+        FMA_EXP, each exponent as one FMA from the log2 units (module docstring)."""
         if MASKED:
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             x = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), x, float("-inf"))
@@ -131,7 +162,10 @@ if gluon is not None:
             r_ref = gl.where(r_t == float("-inf"), 0.0, r_t)
         else:
             r_ref = r_t
-        p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
+        if FMA_EXP:
+            p = gl.exp2(x * gl.expand_dims(q2, 1) - gl.expand_dims(r_ref * q2 - LOG2_PMAX, 1))
+        else:
+            p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
         gamma = gl.exp2((r_i - r_ref) * q2)
         l_i = l_i * gamma + gl.sum(p, 1)
         p8 = gl.convert_layout(p.to(gl.float8e4nv), pa_layout)  # p <= 448: no clamp
@@ -140,7 +174,7 @@ if gluon is not None:
     @gluon.jit
     def _consumer_tiles(t_a, t_b, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
-                        s_layout: gl.constexpr, pa_layout: gl.constexpr):
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's running (acc, l, m, r), each tile's S waited
         for, then its P·V."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
@@ -150,7 +184,7 @@ if gluon is not None:
             x = warpgroup_mma(q_op, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
             acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -173,7 +207,8 @@ if gluon is not None:
     def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2,
                                slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
-                               pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
+                               pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+                               FMA_EXP: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
         both products of a warpgroup at once while the other warpgroup works on its scores.
@@ -186,7 +221,7 @@ if gluon is not None:
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
             _take_turn(turn, t + 1, WG, PINGPONG)
             acc = warpgroup_mma(p8, vt_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
             nxt = (t + 1) % STAGES
@@ -197,7 +232,7 @@ if gluon is not None:
             mbarrier.arrive(empty.index(t % STAGES), count=1)
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
-                                               LOG2_PMAX, s_layout, pa_layout)
+                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
         _take_turn(turn, t_hi, WG, PINGPONG)
         acc = warpgroup_mma(p8, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
@@ -206,10 +241,34 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
+    def _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
+                       BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr,
+                       STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                       WG: gl.constexpr, FMA_EXP: gl.constexpr):
+        """Key tiles 0 <= t < t_hi into one warpgroup's running (acc, l, m, r), in the schedule MERGED
+        picks (causal: the last tile, the program's diagonal one, masked)."""
+        if MERGED:
+            acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                        turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
+                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP)
+        elif CAUSAL:
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
+                                                 pa_layout, FMA_EXP)
+            acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                 empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
+                                                 s_layout, pa_layout, FMA_EXP)
+        else:
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
+                                                 pa_layout, FMA_EXP)
+        return acc, l_i, m_i, r_i
+
+    @gluon.jit
     def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
                   m0, t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr, MERGED: gl.constexpr,
-                  PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr):
+                  PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -230,30 +289,39 @@ if gluon is not None:
         l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
-        if MERGED:
-            if PINGPONG and WG == 1:  # warpgroup 0 issues first
-                mbarrier.arrive(turn.index(0), count=1)
-            acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                        turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
-                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG)
-        elif CAUSAL:  # tiles before the program's diagonal tile (the last one), then the diagonal, masked
-            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
-                                                 pa_layout)
-            acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
-                                                 empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
-                                                 s_layout, pa_layout)
+        if MERGED and PINGPONG and WG == 1:  # warpgroup 0 issues first
+            mbarrier.arrive(turn.index(0), count=1)
+        if FMA_BOUND > 0.0:
+            # |x| <= D·448² (a sum of D products of codes), and r is an x or m − slack/q2, so every
+            # row's |r·q2 − log2 448| stays under this warpgroup's bound; below FMA_BOUND the one-FMA
+            # exponent's rounding of it moves p by under 2^-24·FMA_BOUND·ln 2 relative. One decision
+            # for the warpgroup (its MMAs are warpgroup-wide); huge factors take the exact form (NaN
+            # propagates through either).
+            fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # fma_row_bound
+            if fma:
+                acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
+                                                    queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+                                                    LOG2_PMAX, s_layout, pa_layout, WG, True)
+            else:
+                acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
+                                                    queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+                                                    LOG2_PMAX, s_layout, pa_layout, WG, False)
         else:
-            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
-                                                 pa_layout)
+            acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
+                                                queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+                                                LOG2_PMAX, s_layout, pa_layout, WG, False)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         acc = acc * gl.expand_dims(gl.load(VS + bh_k * NT_K * D + chan), 0)  # the sequence's channel scales, once
         empty_row = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
         l_o = gl.convert_layout(gl.where(empty_row, 1.0, l_i), gl.SliceLayout(1, o_layout))
         out = acc / gl.expand_dims(l_o, 1)
-        lse = gl.where(empty_row, float("-inf"),
-                       (r_i * q2 + gl.log2(gl.where(empty_row, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
+        if FMA_BOUND > 0.0:  # the FMA form's l counts p relative to its rounded r·q2 − log2 448
+            log2_l = gl.log2(gl.where(empty_row, 1.0, l_i))
+            lse2 = gl.where(fma, (r_i * q2 - LOG2_PMAX) + log2_l, r_i * q2 + log2_l - LOG2_PMAX)
+            lse = gl.where(empty_row, float("-inf"), lse2 * 0.6931471805599453)
+        else:
+            lse = gl.where(empty_row, float("-inf"),
+                           (r_i * q2 + gl.log2(gl.where(empty_row, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
         rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
         gl.store(OUT + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), out.to(OUT.dtype.element_ty))
         gl.store(LSE + bh_q * SQ + queries, lse)
@@ -271,6 +339,7 @@ if gluon is not None:
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
         Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
         LOG2_PMAX: gl.constexpr,
+        FMA_BOUND: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -290,14 +359,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
                          SK, NT_K, m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
-                         STAGES, LOG2_PMAX)),
+                         STAGES, LOG2_PMAX, FMA_BOUND)),
             (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
                          SK, NT_K, m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
-                         STAGES, LOG2_PMAX)),
+                         STAGES, LOG2_PMAX, FMA_BOUND)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
-           "Q_IN_REGISTERS", "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "FMA_EXPONENT", "FMA_EXPONENT_BOUND", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS",
+           "MERGED_WAITS", "PINGPONG", "Q_IN_REGISTERS", "STAGES", "fma_bound", "fma_row_bound", "gluon_forward",
+           "scope_reason", "unsupported_reason"]

@@ -13,6 +13,13 @@ its scope, so none can pass on the Triton kernel alone.
 - Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
   Hopper's FP8 accumulation).
 - NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
+- The one-FMA exponent (``forward_gluon.FMA_EXPONENT``): against the emulation with the same bounds,
+  and against the exact form, from which it moves p by ~1e-6 relative at these logits, so that a P
+  code changes only where p sits that close to a rounding boundary (a few in a million on real
+  activations, benchmarks/fma_exponent.py): O within ``FMA_O_REL`` = 1e-3 relative (norm) of the
+  exact form's, ten times the largest per-head change on real activations and ten times below the
+  emulation's bound; LSE within ``LSE_ABS``. Where a warpgroup's bound is exceeded (logits scaled
+  up) the kernel takes the exact form: the same bits as with the switch off.
 """
 from __future__ import annotations
 
@@ -35,7 +42,7 @@ from hf_fp8_attention.reference import emulated_forward  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-F32_REL, BF16_STEP, LSE_ABS = 1e-6, 2.0**-7, 1e-5  # see the module docstring
+F32_REL, BF16_STEP, LSE_ABS, FMA_O_REL = 1e-6, 2.0**-7, 1e-5, 1e-3  # see the module docstring
 
 # name: ((B, Hq, Hkv, Sq, Sk, D), causal)
 SHAPES = {
@@ -95,10 +102,12 @@ def test_gluon_forward_matches_the_triton_kernel(shape, recipe, dtype, gluon_cal
     assert (lse - want_lse).abs().max().item() <= LSE_ABS
 
 
+@pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
 @pytest.mark.parametrize("recipe", list(RECIPES)[::2])
 @pytest.mark.parametrize("shape", list(SHAPES)[:3])
-def test_gluon_forward_matches_emulation(shape, recipe, dtype, gluon_calls):
+def test_gluon_forward_matches_emulation(shape, recipe, dtype, fma, gluon_calls, monkeypatch):
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", fma)
     config = RECIPES[recipe]
     qkv, mask, scale, inside = _problem(shape, config, dtype, seed=5)
     out, lse = _forward(qkv, mask, scale, config)
@@ -108,10 +117,12 @@ def test_gluon_forward_matches_emulation(shape, recipe, dtype, gluon_calls):
     assert (lse.cpu() - ref_lse).abs().max().item() <= EMULATION_LSE_ABS
 
 
+@pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
 @pytest.mark.parametrize("shape", list(SHAPES)[:2])
-def test_gluon_forward_layouts_are_identical(shape, gluon_calls, monkeypatch):
+def test_gluon_forward_layouts_are_identical(shape, fma, gluon_calls, monkeypatch):
     """Q read by the S MMA from registers or from shared memory, one wait or two per key tile, a
-    ring of 2 or 3 slots: the same products in the same order, bit for bit."""
+    ring of 2 or 3 slots: the same products in the same order, bit for bit (either exponent form)."""
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", fma)
     config = RECIPES["fp8_delta_fast"]
     qkv, mask, scale, _ = _problem(shape, config, torch.bfloat16, seed=7)
     default = _forward(qkv, mask, scale, config)
@@ -135,3 +146,32 @@ def test_gluon_forward_propagates_nan_as_the_triton_kernel(gluon_calls, monkeypa
     assert torch.isnan(want).any(), "the Triton kernel shows the NaN"
     assert torch.equal(torch.isnan(out), torch.isnan(want))
     assert torch.equal(torch.isnan(lse), torch.isnan(want_lse))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", list(SHAPES)[:5])
+def test_gluon_forward_fma_exponent_keeps_the_exact_forms_outputs(shape, recipe, dtype, gluon_calls, monkeypatch):
+    config = RECIPES[recipe]
+    qkv, mask, scale, inside = _problem(shape, config, dtype, seed=11)
+    want, want_lse = _forward(qkv, mask, scale, config)
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
+    out, lse = _forward(qkv, mask, scale, config)
+    assert inside and gluon_calls[0] == 2
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel_err(out.float(), want.float()) <= FMA_O_REL, rel_err(out.float(), want.float())
+    assert (lse - want_lse).abs().max().item() <= LSE_ABS
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+def test_gluon_forward_fma_guard_takes_the_exact_form_at_huge_logits(recipe, gluon_calls, monkeypatch):
+    """q and k scaled by 30: every warpgroup's bound (about 0.13 · amax(QH) · amax(KH) here, ~2e5)
+    is over FMA_EXPONENT_BOUND, so the kernel runs the exact form: bit for bit the switch-off result."""
+    config = RECIPES[recipe]
+    (q, k, v), mask, scale, _ = _problem("causal_long", config, torch.bfloat16, seed=13)
+    qkv = (q * 30, k * 30, v)
+    want = _forward(qkv, mask, scale, config)
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
+    got = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == 2
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

@@ -1,0 +1,99 @@
+"""The Gluon forward's one-FMA exponent and the bound that guards it, in fp32-exact arithmetic on the CPU.
+
+The kernel itself runs only on Hopper (tests/gpu/test_gluon_forward.py); what these tests check is
+the arithmetic its switch rests on (kernels/forward_gluon.py, module docstring), replayed by
+benchmarks/fma_exponent.py in float64 with each fp32 operation rounded once:
+
+- below ``FMA_EXPONENT_BOUND`` the FMA form's p stays within 2^-24 · bound · ln 2 (plus the last
+  rounding of each form's exponent) of the exact form's, at the bound's extreme inputs too;
+- above it the FMA form can move a whole row's p by whole code steps (why the guard exists);
+- on the real-activation slice every 64-row group takes the FMA with a wide margin, and the FMA
+  form changes almost no P code and the output by far less than the recipe's error.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fma_exponent import compare, exponents, f32  # noqa: E402
+from recipe_errors import DEFAULT_FIXTURE, load_layers  # noqa: E402
+
+from hf_fp8_attention import RECIPES  # noqa: E402
+from hf_fp8_attention.kernels import forward_gluon  # noqa: E402
+from hf_fp8_attention.kernels.forward import REF_SLACK  # noqa: E402
+from hf_fp8_attention.kernels.forward_gluon import FMA_EXPONENT_BOUND, LOG2_PMAX, fma_row_bound  # noqa: E402
+
+D = 128
+X_MAX = D * 448.0 * 448.0  # |x|: a sum of D products of E4M3 codes
+
+
+def _rows_at(bound: float, n: int = 4096, seed: int = 0):
+    """Scores at the extremes the bound allows: ``x (n, 8)`` with the row max near ±X_MAX, references
+    r (the row max, or m − slack/q2), and the largest factor q2 whose bound is ``bound``."""
+    g = torch.Generator().manual_seed(seed)
+    q2_max = (bound - REF_SLACK - LOG2_PMAX) / X_MAX
+    q2 = f32(q2_max * (0.5 + 0.5 * torch.rand(n, generator=g, dtype=torch.float64)))
+    slack_x = f32(REF_SLACK / q2)
+    top = f32((X_MAX - 2 * slack_x) * (2 * torch.rand(n, generator=g, dtype=torch.float64) - 1))
+    x = f32(top[:, None] - X_MAX * 1e-4 * torch.rand(n, 8, generator=g, dtype=torch.float64))
+    x[:, 0] = top
+    # even rows: the tile's own max; odd rows: a running max 2 slacks above it, so r = m − slack/q2
+    running = f32(top + 2 * slack_x)
+    r = torch.where(torch.arange(n) % 2 == 0, top, torch.maximum(top, f32(running - slack_x)))
+    return x, r, q2
+
+
+def test_fma_form_stays_within_its_bound_below_the_threshold():
+    x, r, q2 = _rows_at(FMA_EXPONENT_BOUND * 0.999)
+    assert fma_row_bound(q2.max().item(), D, REF_SLACK) < FMA_EXPONENT_BOUND
+    e_exact, e_fma = exponents(x, r, q2, fma=False), exponents(x, r, q2, fma=True)
+    # r·q2 − log2 448 rounded: at most half an ulp, 2^-24 · |c|; each exponent's own last rounding:
+    # half an ulp of values up to log2 448 (2^-21), twice.
+    allowed = 2.0**-24 * FMA_EXPONENT_BOUND + 2 * 2.0**-21
+    assert (e_fma - e_exact).abs().max().item() <= allowed
+    # so the largest code (the row's max, exponent log2 448 in the exact form) never saturates by
+    # more than that: 448 · 2^allowed
+    assert torch.exp2(e_fma).max().item() <= 448.0 * 2.0**allowed
+
+
+def test_fma_form_breaks_at_huge_logits():
+    """Why the guard: at |r·q2| ~ 2^26 the rounded reference moves a row's p by whole code steps."""
+    x, r, q2 = _rows_at(2.0**27, seed=1)
+    assert fma_row_bound(q2.max().item(), D, REF_SLACK) > FMA_EXPONENT_BOUND
+    shift = (exponents(x, r, q2, fma=True) - exponents(x, r, q2, fma=False)).abs().max().item()
+    assert shift >= 1.0  # a factor 2 in p: a saturated max code, where the exact form gives 448
+
+
+def test_nan_factor_fails_the_bound():
+    assert not fma_row_bound(math.nan, D, REF_SLACK) < FMA_EXPONENT_BOUND
+    assert not fma_row_bound(math.inf, D, REF_SLACK) < FMA_EXPONENT_BOUND
+
+
+def test_switch_sets_the_kernel_bound(monkeypatch):
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", False)
+    assert forward_gluon.fma_bound() == 0.0  # the exact form only, one copy of the loops
+    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
+    assert forward_gluon.fma_bound() == FMA_EXPONENT_BOUND
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+def test_real_activations_take_the_fma_and_keep_their_outputs(recipe):
+    """The committed slice (SmolLM2, layers 10 and 22, 512 tokens here; d = 64, where the bound's D is
+    half the Gluon kernel's, so 2x is added to the margin below). Measured on 2048 tokens of four
+    layers (benchmarks/NOTES.md): bounds 866-934 at most, p moved by 2.7e-6, 5e-7 to 9e-7 of the
+    codes, O by at most 9.4e-5 relative per head."""
+    for q, k, v, _ in load_layers(DEFAULT_FIXTURE, 512).values():
+        stats = compare(q, k, v, RECIPES[recipe])
+        assert 2 * stats["bound_max"] < FMA_EXPONENT_BOUND / 8
+        assert stats["dp"] < 1e-5  # 2^-24 · (|r·q2| ~ 40) · ln 2, with room
+        assert stats["flip_share"] < 1e-4
+        # a code flip moves one term by one E4M3 step; against the recipe's ~1% error on O
+        assert stats["o_diff"] < 1e-3
+        assert abs(stats["o_err_fma"] - stats["o_err_exact"]) < 1e-4
