@@ -47,6 +47,8 @@ SWEEP = [
     # 128 registers: two 8-warp programs per SM (the backward's K+V launch takes 136-162 uncapped)
     (qz.ROTATED_LAUNCH, "maxnreg", (None, 128)),
     (qz.ROTATED_LAUNCH, "row_stages", (None, 2, 3)),
+    # tiles per program: the row-wise loop pipelined across tiles, the Hadamard matrix loaded once a program
+    (qz.ROTATED_LAUNCH, "tiles", (None, 2, 4, 8)),
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
     (ss.ROTATED_PARTIALS, "sub", (16, 32, 64)),  # 16: 160-166 registers; K's mean sums other slices
     (ss.ROTATED_PARTIALS, "elementwise", (False, True)),

@@ -47,7 +47,7 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # Launch of the quantization kernel: the slices each program reads at a time (tokens for the
 # row-wise copy, channels for the channel-wise one: see quantize_kernel) and its warps.
 # A module-level table so that benchmarks can try others (benchmarks/quantize_bench.py --sweep).
-QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
+QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None}
 # A launch with a rotated copy: each row chunk is one (chunk, DP) x (DP, DP) tensor-core dot with the
 # Hadamard matrix, loaded once per program. 64-token chunks on 8 warps ran within 4-13% of the plain
 # copy on the H200, and the channel-wise copy beside it (V in the forward) wants 64-channel groups
@@ -58,8 +58,11 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2}
 # Left to itself ptxas gave the backward's K+V launch 162-196 registers, one program per SM;
 # capped at 128 with 3 stages every launch fits two, unspilled, and a recipe's four launches ran
 # 672.8 -> 618.2 us at 2 x 8k tokens (benchmarks/results/cpu_quantize_registers.txt,
-# h200_v37_prep_sweep_*.log). The cap alone spilled in the packed fast launches.
-ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3}
+# h200_v37_prep_sweep_*.log). The cap alone spilled in the packed fast launches. ``tiles``: BLOCK_S-token
+# tiles per program (None: 1), each program's row-wise loop running over all of its tiles, so that
+# its slices pipeline across tiles and a rotated copy loads its Hadamard matrix once per program
+# instead of once per tile; the same codes and scales, and the same registers (offline, sm_90a).
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": None}
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
 # took 255 registers on 2 warps). The rotated launch keeps its Hadamard matrix in shared memory,
@@ -289,9 +292,13 @@ def _quantize_tile(
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr, DTYPE: tl.constexpr,
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr,
 ):
-    """The copies of one (BLOCK_S tokens, head) tile of one operand (``x_base``: its (batch, head)).
+    """The copies of TILES consecutive (BLOCK_S tokens, head) tiles of one operand (``x_base``: its
+    (batch, head)), from tile ``tile`` (slot ``slot``) on; tiles past the sequence's end are skipped.
+    The row-wise copy runs over all of them in one loop of ROW_CHUNK-token slices (its scales are
+    per token or per head, never per tile), so its loads pipeline across tile boundaries and the
+    Hadamard matrix is loaded once; the channel-wise copy takes them one tile at a time.
 
     Recipe options (the sequence statistics at index ``sh`` = sequence·H + head, see
     :mod:`.sequence_stats`): the row-wise copy quantizes ``xH − shift`` (ROTATE, SHIFT), with one
@@ -313,7 +320,7 @@ def _quantize_tile(
         d_ok = offs_d < D
         if ROTATE:
             hm = load_hadamard(h_ptr, BLOCK_D)
-        for c in tl.range(0, BLOCK_S, ROW_CHUNK, num_stages=ROW_STAGES):  # None: the plain loop
+        for c in tl.range(0, TILES * BLOCK_S, ROW_CHUNK, num_stages=ROW_STAGES):  # None: the plain loop
             offs_s = tile * BLOCK_S + c + tl.arange(0, ROW_CHUNK)  # position within the sequence
             tok = start + offs_s  # position on the (packed) token axis
             s_ok = offs_s < length
@@ -333,26 +340,47 @@ def _quantize_tile(
             r_ptrs = row_codes_ptr + (bhi * S + tok[:, None]) * BLOCK_D + offs_d[None, :]
             tl.store(r_ptrs, r_codes, mask=s_ok[:, None])
     if COL:
-        tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
-        tile_tok = start + tile_s
-        tile_ok = tile_s < length
+        head_amax = 0.0  # COL_MODE 2: the (sequence, head)'s amax over its channels
         if COL_MODE == 2:
-            all_chan = tl.arange(0, BLOCK_D)
-            head_amax = tl.reduce(tl.load(col_amax_ptr + sh * BLOCK_D + all_chan), 0, max_nan)
-        for g in range(0, BLOCK_D, COL_GROUP):
-            chan = g + tl.arange(0, COL_GROUP)
-            x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
-            x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
-            if COL_MODE == 0:
-                c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
-            elif COL_MODE == 1:
-                c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
-            else:
-                c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
-            c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
-            tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
-            c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
-            tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
+            head_amax = tl.reduce(tl.load(col_amax_ptr + sh * BLOCK_D + tl.arange(0, BLOCK_D)), 0, max_nan)
+        if TILES == 1:  # the caller checked that the tile holds tokens
+            _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile,
+                      start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT,
+                      SUB_MAGIC, SUB_MIN, CVT, COL_MODE)
+        else:
+            for i in tl.static_range(TILES):
+                if (tile + i) * BLOCK_S < length:
+                    _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh,
+                              tile + i, start, length, slot + i, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2,
+                              FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE)
+
+
+@triton.jit
+def _col_copy(
+    x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, start, length, slot,
+    D, S_PAD, NT, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr,
+    FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
+    CVT: tl.constexpr, COL_MODE: tl.constexpr,
+):
+    """The transposed channel-wise copy of one tile (slot ``slot``) of :func:`_quantize_tile`,
+    COL_GROUP channels at a time."""
+    tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+    tile_tok = start + tile_s
+    tile_ok = tile_s < length
+    for g in range(0, BLOCK_D, COL_GROUP):
+        chan = g + tl.arange(0, COL_GROUP)
+        x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
+        x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
+        if COL_MODE == 0:
+            c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
+        elif COL_MODE == 1:
+            c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
+        else:
+            c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
+        c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+        tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
+        c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
+        tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
 
 
 @triton.jit
@@ -375,15 +403,15 @@ def quantize_kernel(
     Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None, TILES: tl.constexpr = 1,
 ):
-    """One program per (tile of BLOCK_S tokens of one sequence, batch·head, operand).
+    """One program per (TILES consecutive tiles of BLOCK_S tokens of one sequence, batch·head, operand).
 
     Two operands of one shape share a launch (grid axis 2 picks X or Y), each with its own copies
     and format: a launch costs tens of microseconds of host time, more than quantizing a short
     sequence takes on the GPU.
     """
-    tile = tl.program_id(0)
+    tile = tl.program_id(0) * TILES
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -399,14 +427,14 @@ def quantize_kernel(
                        bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
                        X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
-                       ROW_STAGES)
+                       ROW_STAGES, TILES)
     else:
         _quantize_tile(y_ptr + bb * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
                        y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
                        bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
                        Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
-                       ROW_STAGES)
+                       ROW_STAGES, TILES)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -502,7 +530,8 @@ def _copies_meta(copies: Copies, prefix: str) -> dict:
     return {f"{prefix}_ROW": copies.row, f"{prefix}_COL": copies.col, f"{prefix}_FMAX": copies.fmt.max,
             f"{prefix}_DTYPE": TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix),
             f"{prefix}_ROTATE": copies.row and copies.rotate, f"{prefix}_SHIFT": copies.row and copies.shift,
-            f"{prefix}_ROW_HEAD": copies.row and copies.row_head, f"{prefix}_COL_MODE": copies.col_mode if copies.col else 0}
+            f"{prefix}_ROW_HEAD": copies.row and copies.row_head,
+            f"{prefix}_COL_MODE": copies.col_mode if copies.col else 0}
 
 
 def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots: int, varlen: bool):
@@ -575,16 +604,17 @@ def quantize_operands(
     tile_off, n_slots = tile_slots(cu_seqlens, seq, block)
     s_pad = cdiv(max(seq, 1), 16) * 16  # 16-byte aligned rows of the transposed copy
     outs = [_alloc_copies(t, c, dp, s_pad, n_slots, varlen) for t, c in zip(xs, copies)]
+    rotated = any(c.row and c.rotate for c in copies)
+    launch = quant_launch(rotated, dp)
+    tiles = launch.get("tiles") or 1
     if varlen:
         n_seq = cu_seqlens.numel() - 1
         max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        grid = (cdiv(max(max_len, 1), block), n_seq * heads, len(xs))
+        grid = (cdiv(cdiv(max(max_len, 1), block), tiles), n_seq * heads, len(xs))
         cu = cu_seqlens.to(torch.int32)
     else:
-        grid = (cdiv(max(seq, 1), block), bsz * heads, len(xs))
+        grid = (cdiv(cdiv(max(seq, 1), block), tiles), bsz * heads, len(xs))
         cu = None
-    rotated = any(c.row and c.rotate for c in copies)
-    launch = quant_launch(rotated, dp)
     row_chunk = min(row_chunk or launch["row_chunk"], block)
     col_group = min(col_group or launch["col_group"], dp)
     for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
@@ -610,7 +640,7 @@ def quantize_operands(
         heads, seq, d, s_pad, n_slots,
         BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
         CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
-        DOT_DTYPE=dot_dtype(x), ROW_STAGES=launch.get("row_stages"), num_warps=launch["num_warps"],
+        DOT_DTYPE=dot_dtype(x), ROW_STAGES=launch.get("row_stages"), TILES=tiles, num_warps=launch["num_warps"],
         maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS,
     )
     return [(*out, tile_off) for out in outs]

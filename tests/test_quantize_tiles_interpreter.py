@@ -1,0 +1,86 @@
+"""Several tiles per quantization program (``quantize.ROTATED_LAUNCH["tiles"]`` and
+``QUANT_LAUNCH["tiles"]``), under the Triton interpreter: every copy the recipes make (rotated,
+smoothed, per token or per head; channel scales per tile, per sequence or per head) comes out with
+the same codes and scales, bit for bit, as with one tile per program, dense and packed (an empty
+sequence, lengths that end inside a tile and inside a program's last tiles)."""
+import pytest
+import torch
+
+from helpers import make_qkv
+from hf_fp8_attention import RECIPES
+from hf_fp8_attention.kernels import quantize
+from hf_fp8_attention.kernels.forward import _quantizes_q_first
+from hf_fp8_attention.kernels.operands import backward_kv_copies, backward_q_copies, copies_for, stats_for
+from hf_fp8_attention.kernels.quantize import interpreting, quantize_operands
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="the interpreter's CPU run of the kernels")
+
+BLOCK = 16  # tokens per tile: 45 tokens are 3 tiles (the last one partial); packed: 9 and 31 tokens
+
+
+def _launches(config):
+    """Each quantization launch of a fwd+bwd: (role names, Copies per operand), as forward.py and
+    backward.py issue them."""
+    out = [(("k", "v"), (copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True))),
+           (("q", "do"), (backward_q_copies(config), copies_for("do", config, row=True, col=True))),
+           (("k", "v"), backward_kv_copies(config))]
+    if _quantizes_q_first(config):
+        out.append((("q",), (copies_for("q", config, row=True, col=False),)))
+    return out
+
+
+def _all_copies(tensors, config, cu, max_len, stats: list):
+    """Every copy of :func:`_launches`, flattened; ``stats``: each launch's sequence statistics,
+    computed on the first call (they do not depend on the quantization launch's table)."""
+    results = []
+    for i, (roles, copies) in enumerate(_launches(config)):
+        xs = tuple(tensors[r] for r in roles)
+        if len(stats) == i:
+            stats.append(stats_for(xs, copies, cu, max_len))
+        for out in quantize_operands(xs, copies, block=BLOCK, cu_seqlens=cu, max_seqlen=max_len, stats=stats[i]):
+            results.extend(t for t in out if t is not None)
+    return results
+
+
+def _valid(t: torch.Tensor, tokens: int, seq: int) -> torch.Tensor:
+    """``t`` as bytes where it is written: a packed batch's tokens after its last sequence are never
+    written (row copies: token axis 2; the transposed channel-wise codes: the last axis)."""
+    t = t.view(torch.uint8) if t.element_size() == 1 else t
+    if t.dim() == 3 and t.shape[-1] == seq:  # row scales (B, H, S)
+        return t[..., :tokens]
+    if t.dim() == 4 and t.shape[2] == seq:  # row codes (B, H, S, DP)
+        return t[:, :, :tokens]
+    if t.dim() == 4 and t.shape[-1] >= seq and t.dtype == torch.uint8:  # channel-wise codes (B, H, DP, S_pad)
+        return t[..., :tokens]
+    return t
+
+
+# The rotated recipes' statistics take most of the interpreter's time: their packed batches, which
+# also cover a program's second tile past a sequence's end, and the tile recipe both ways.
+@pytest.mark.parametrize("recipe, packed", [("fp8_delta", True), ("fp8_delta_fast", True), ("fp8_delta_tile", False),
+                                            ("fp8_delta_tile", True)])
+def test_tiles_per_program_change_no_bit(recipe, packed, monkeypatch):
+    """Two tiles per program over three tiles (dense: the second program's second tile is past the
+    end) or over sequences of one and two tiles (packed)."""
+    config = RECIPES[recipe].replace(backend="triton", block_q=BLOCK, block_k=BLOCK)
+    q, k, v, dout = make_qkv(1, 1, 1, 45, d=64, dtype=torch.bfloat16, seed=3, outliers=True)
+    tensors = {"q": q, "k": k, "v": v, "do": dout}
+    cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if packed else None
+    max_len, tokens = (31, 40) if packed else (None, 45)
+    stats = []
+    want = _all_copies(tensors, config, cu, max_len, stats)
+    for table in ("ROTATED_LAUNCH", "QUANT_LAUNCH"):
+        monkeypatch.setattr(quantize, table, {**getattr(quantize, table), "tiles": 2})
+    grids = []
+    launch = quantize.launch_kernel
+
+    def spy(kernel, grid, *args, **kwargs):
+        grids.append((grid[0], kwargs["TILES"]))
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(quantize, "launch_kernel", spy)
+    got = _all_copies(tensors, config, cu, max_len, stats)
+    assert grids and all(g == (1 if packed else 2, 2) for g in grids)  # 2 tiles a program: 2 (or 1) programs
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and torch.equal(_valid(a, tokens, 45), _valid(b, tokens, 45)), i
