@@ -77,6 +77,7 @@ LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (Fa
            "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
            "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+LOG2_PMAX = math.log2(448.0)
 # The one-FMA exponent (module docstring): off until timed on the GPU. Where on, a consumer
 # warpgroup takes it if its rows' bound on |r·q2| (log2 units) is below FMA_EXPONENT_BOUND: p then
 # moves by at most 2^-24 · 2^14 · ln 2 = 6.8e-4 relative from the exact form's (at real logits, |r·q2|
@@ -97,7 +98,6 @@ def fma_bound() -> float:
     """The kernel's FMA_BOUND constexpr: :data:`FMA_EXPONENT_BOUND` where :data:`FMA_EXPONENT` is
     on, else 0 (the exact form everywhere, and no second copy of the loops compiled)."""
     return float(FMA_EXPONENT_BOUND) if FMA_EXPONENT else 0.0
-LOG2_PMAX = math.log2(448.0)
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
