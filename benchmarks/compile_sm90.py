@@ -70,10 +70,12 @@ def variants(mods: str):
     softcap, shift, sink = MODS[mods]
     flags = dict(SOFTCAP=softcap, ROW_SHIFT=shift, SINK=sink)
     e4m3 = tl_fp8(FP8Format.E4M3)
-    fwd = dict(forward._kernel_meta(FP8AttentionConfig(), 128, True, False, False, 0, False, True), BLOCK_M=128)
+    fwd = dict(forward._kernel_meta(FP8AttentionConfig(), 128, True, False, False, 0, False, True), BLOCK_M=128,
+               FMA_BOUND=0.0)  # the exact exponent (kernels/exponent.py)
     yield "forward", forward._fwd_kernel, {**fwd, **flags}, 8
     common = dict(HEAD_D=128, BLOCK_D=128, CAUSAL=True, HAS_WINDOW=False, VARLEN=False, POW2=False, DS_DTYPE=e4m3,
-                  DS_MAX=448.0, INTERPRET=False, KV_HEAD=False, COL_SEQ=True, ALIGNED=True, BLOCK_DO=128, **flags)
+                  DS_MAX=448.0, INTERPRET=False, KV_HEAD=False, COL_SEQ=True, ALIGNED=True, BLOCK_DO=128, QDO_HEAD=False,
+                  **flags)
     for name, stats, grads in (("dq_stats", True, False), ("dq", False, True)):
         yield name, backward_fp8.bwd_dq_fp8_kernel, dict(common, BLOCK_Q=64, BLOCK_K=128, MATCHED=True, DEBUG=False,
                                                          STATS=stats, GRADS=grads), 4
@@ -113,7 +115,7 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
     from triton.backends.compiler import GPUTarget
 
     from hf_fp8_attention.kernels import (
-        backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon, gluon_hopper,
+        backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, exponent, forward_gluon, gluon_hopper,
     )
     if gluon_hopper.gluon is None:
         return None
@@ -154,8 +156,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["HEAD_GROUP"] = gluon_hopper.head_group(causal)
     # The kernel's layout and schedule switches, from the module's constants of those names.
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
-    if "FMA_BOUND" in kernel.arg_names:  # the forward's exponent form (forward_gluon.fma_bound)
-        consts["FMA_BOUND"] = mod.fma_bound()
+    if "FMA_BOUND" in kernel.arg_names:  # the forward's exponent form (exponent.fma_bound)
+        consts["FMA_BOUND"] = exponent.fma_bound()
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
@@ -219,7 +221,9 @@ def main(argv=None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     if args.gluon:
-        from hf_fp8_attention.kernels import backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward_gluon
+        from hf_fp8_attention.kernels import (
+            backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, exponent, forward_gluon,
+        )
         rows = []
         # built in each of their LAYOUTS
         layered = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon,
@@ -229,7 +233,7 @@ def main(argv=None) -> int:
         # dK/dV's default layout with per-token Q and dO scales too (fp8_delta, fp8_stale)
         builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False, False)
                    for d in backward_dkdv_gluon.HEAD_DIMS]
-        # the forward's default layout with the one-FMA exponent (forward_gluon.FMA_EXPONENT)
+        # the forward's default layout with the one-FMA exponent (exponent.FMA_EXPONENT)
         builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True) for d in forward_gluon.HEAD_DIMS]
         for name, layout, d, qdo_head, fma in builds:
             for causal in (True, False):
@@ -238,13 +242,13 @@ def main(argv=None) -> int:
                 default = [getattr(module, n) for n in names]
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)
-                forward_gluon.FMA_EXPONENT = fma
+                exponent.FMA_EXPONENT = fma
                 try:
                     compiled = compile_gluon(name, d, causal, qdo_head=qdo_head)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
-                    forward_gluon.FMA_EXPONENT = False
+                    exponent.FMA_EXPONENT = False
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3

@@ -4,7 +4,7 @@ The Gluon forward (``kernels/forward_gluon.py``) forms each score's exponent eit
 ``(x − r)·q2 + log2 448`` (an add and an FMA), or as one FMA, ``x·q2 − (r·q2 − log2 448)``, where
 the rounding of ``r·q2 − log2 448`` to fp32 moves every p of the row by up to 2^-24·|r·q2 − log2 448|
 relative. A consumer warpgroup takes the FMA where its 64 rows' bound on that magnitude,
-``forward_gluon.fma_row_bound``, is below ``FMA_EXPONENT_BOUND``. This script replays the kernel's
+``exponent.fma_row_bound``, is below ``FMA_EXPONENT_BOUND``. This script replays the kernel's
 online softmax in fp32 arithmetic (each FMA rounded once: the fp32 product is exact in float64) on
 the FP8 codes the recipe makes of a fixture's real q and k, and prints per layer:
 
@@ -34,9 +34,8 @@ from hf_fp8_attention import RECIPES  # noqa: E402
 from hf_fp8_attention.config import Granularity  # noqa: E402
 from hf_fp8_attention.kernels.constants import LOG2E  # noqa: E402
 from hf_fp8_attention.kernels.forward import REF_SLACK  # noqa: E402
-from hf_fp8_attention.kernels.forward_gluon import (  # noqa: E402
-    BLOCK_N, FMA_EXPONENT_BOUND, HALF_Q, LOG2_PMAX, fma_row_bound,
-)
+from hf_fp8_attention.kernels.exponent import FMA_EXPONENT_BOUND, LOG2_PMAX, fma_row_bound  # noqa: E402
+from hf_fp8_attention.kernels.forward_gluon import BLOCK_N, HALF_Q  # noqa: E402
 from hf_fp8_attention.quant import quantize  # noqa: E402
 from hf_fp8_attention.transforms import hadamard_block, key_mean, rotate  # noqa: E402
 

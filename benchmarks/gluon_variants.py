@@ -34,7 +34,7 @@ from recipe_cost import print_kernels  # noqa: E402
 
 from hf_fp8_attention import fp8_attention  # noqa: E402
 from hf_fp8_attention.kernels import (  # noqa: E402
-    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward, forward_gluon,
+    backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, exponent, forward, forward_gluon,
 )
 from recipe_names import recipe_config  # noqa: E402
 
@@ -49,8 +49,8 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
-    # the forward's one-FMA exponent where a warpgroup's bound allows (forward_gluon.FMA_EXPONENT)
-    "fwd_fma_exponent": ({}, {(forward_gluon, "FMA_EXPONENT"): True}),
+    # the forward's one-FMA exponent where a warpgroup's bound allows (exponent.FMA_EXPONENT)
+    "fwd_fma_exponent": ({}, {(exponent, "FMA_EXPONENT"): True}),
     # the Gluon kernels' operand layouts and schedules (each variant changes one kernel's; the
     # statistics kernel's also switch that kernel on)
     **{f"{prefix}_{name}": (launch, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})

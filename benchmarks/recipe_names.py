@@ -95,7 +95,8 @@ def add_schedule_options(parser) -> None:
     - ``--head-group N``: causal Gluon programs dispatched longest first N (batch, head) rows at a time
       (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other);
     - ``--chunk-by-size``: the FP8 backward in chunks wherever the call is large, whatever the memory
-      peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule."""
+      peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule;
+    - ``--fma-exponent``: the forwards' one-FMA exponent (``kernels.exponent.FMA_EXPONENT``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -104,13 +105,15 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--chunk-by-size", action="store_true",
                         help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
                              "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
+    parser.add_argument("--fma-exponent", action="store_true",
+                        help="the forwards' one-FMA exponent where its bound allows (kernels.exponent.FMA_EXPONENT)")
 
 
 def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
     scripts' headers."""
-    from hf_fp8_attention.kernels import backward, gluon_hopper
+    from hf_fp8_attention.kernels import backward, exponent, gluon_hopper
 
     notes = []
     for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
@@ -124,4 +127,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.chunk_by_size:
         backward.LAUNCH["backward_chunks_below_peak"] = False
         notes.append("backward_chunks_below_peak=False")
+    if args.fma_exponent:
+        exponent.FMA_EXPONENT = True
+        notes.append("FMA_EXPONENT=True")
     return " ".join(notes)

@@ -1,14 +1,16 @@
-"""The Gluon forward's one-FMA exponent and the bound that guards it, in fp32-exact arithmetic on the CPU.
+"""The forwards' one-FMA exponent and the bound that guards it (kernels/exponent.py), on the CPU.
 
-The kernel itself runs only on Hopper (tests/gpu/test_gluon_forward.py); what these tests check is
-the arithmetic its switch rests on (kernels/forward_gluon.py, module docstring), replayed by
-benchmarks/fma_exponent.py in float64 with each fp32 operation rounded once:
+The Gluon kernel runs only on Hopper (tests/gpu/test_gluon_forward.py); these tests check the
+arithmetic its switch rests on, replayed by benchmarks/fma_exponent.py in float64 with each fp32
+operation rounded once, and run the Triton kernel's two forms under the interpreter:
 
 - below ``FMA_EXPONENT_BOUND`` the FMA form's p stays within 2^-24 · bound · ln 2 (plus the last
   rounding of each form's exponent) of the exact form's, at the bound's extreme inputs too;
 - above it the FMA form can move a whole row's p by whole code steps (why the guard exists);
 - on the real-activation slice every 64-row group takes the FMA with a wide margin, and the FMA
-  form changes almost no P code and the output by far less than the recipe's error.
+  form changes almost no P code and the output by far less than the recipe's error;
+- the Triton forward's FMA loop runs where the bound allows and keeps the exact loop's outputs, and
+  the exact loop runs where it does not, or with a logit modifier.
 """
 from __future__ import annotations
 
@@ -25,10 +27,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from fma_exponent import compare, exponents, f32  # noqa: E402
 from recipe_errors import DEFAULT_FIXTURE, load_layers  # noqa: E402
 
+from helpers import make_qkv  # noqa: E402
 from hf_fp8_attention import RECIPES  # noqa: E402
-from hf_fp8_attention.kernels import forward_gluon  # noqa: E402
-from hf_fp8_attention.kernels.forward import REF_SLACK  # noqa: E402
-from hf_fp8_attention.kernels.forward_gluon import FMA_EXPONENT_BOUND, LOG2_PMAX, fma_row_bound  # noqa: E402
+from hf_fp8_attention.kernels import exponent  # noqa: E402
+from hf_fp8_attention.kernels.exponent import FMA_EXPONENT_BOUND, LOG2_PMAX, fma_row_bound  # noqa: E402
+from hf_fp8_attention.kernels.forward import REF_SLACK, triton_forward  # noqa: E402
+from hf_fp8_attention.kernels.quantize import interpreting  # noqa: E402
+from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 
 D = 128
 X_MAX = D * 448.0 * 448.0  # |x|: a sum of D products of E4M3 codes
@@ -77,10 +82,10 @@ def test_nan_factor_fails_the_bound():
 
 
 def test_switch_sets_the_kernel_bound(monkeypatch):
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", False)
-    assert forward_gluon.fma_bound() == 0.0  # the exact form only, one copy of the loops
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
-    assert forward_gluon.fma_bound() == FMA_EXPONENT_BOUND
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    assert exponent.fma_bound() == 0.0  # the exact form only, one copy of the loops
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    assert exponent.fma_bound() == FMA_EXPONENT_BOUND
 
 
 @pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
@@ -97,3 +102,43 @@ def test_real_activations_take_the_fma_and_keep_their_outputs(recipe):
         # a code flip moves one term by one E4M3 step; against the recipe's ~1% error on O
         assert stats["o_diff"] < 1e-3
         assert abs(stats["o_err_fma"] - stats["o_err_exact"]) < 1e-4
+
+
+# The Triton forward kernel under the interpreter (kernels/forward.py: one decision per program).
+def _triton_forward(q, k, v, mask, config, fma: bool, monkeypatch, softcap=None):
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
+    return triton_forward(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask, config=config, block_m=16, softcap=softcap)
+
+
+needs_interpreter = pytest.mark.skipif(not interpreting(), reason="the interpreter's CPU run of the kernels")
+
+
+@needs_interpreter
+def test_triton_forward_fma_form_keeps_the_exact_forms_outputs(monkeypatch):
+    """fp8_delta, GQA, causal, one packed batch of 9, 0 and 23 tokens: outputs within 1e-4 (norm) of
+    the exact form's, LSE within 1e-5, and not the same bits (the FMA loop ran: the interpreter rounds
+    x·q2 and the subtraction apart, so nearly every p moves in its last bits); dense, q and k 30x
+    larger: the bound is exceeded and the exact loop runs, the same bits as with the switch off."""
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=16, block_k=16)
+    q, k, v, _ = make_qkv(1, 2, 1, 32, d=64, dtype=torch.float32, seed=4, outliers=True)
+    cu = torch.tensor([0, 9, 9, 32], dtype=torch.int32)
+    mask = MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=23, max_seqlen_k=23)
+    want, want_lse = _triton_forward(q, k, v, mask, config, False, monkeypatch)
+    got, lse = _triton_forward(q, k, v, mask, config, True, monkeypatch)
+    assert not torch.equal(got, want)
+    assert ((got - want).norm() / want.norm()).item() < 1e-4
+    seen = torch.isfinite(want_lse)
+    assert torch.equal(seen, torch.isfinite(lse)) and (lse[seen] - want_lse[seen]).abs().max().item() < 1e-5
+    huge = (q[:, :, :16] * 30, k[:, :, :16] * 30, v[:, :, :16])
+    runs = [_triton_forward(*huge, MaskSpec(causal=True), config, fma, monkeypatch) for fma in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@needs_interpreter
+def test_triton_forward_keeps_the_exact_form_with_a_soft_cap(monkeypatch):
+    """The logit modifiers move x off the code products the bound is for: the exact form runs."""
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=16, block_k=16)
+    q, k, v, _ = make_qkv(1, 2, 1, 16, d=64, dtype=torch.float32, seed=6)
+    runs = [_triton_forward(q, k, v, MaskSpec(causal=True), config, fma, monkeypatch, softcap=20.0)
+            for fma in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

@@ -127,7 +127,7 @@ def test_compiles_for_sm90():
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
         assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in r["mma_loops"]), r
         assert all(loop["waits"] < loop["mma"] for loop in r["mma_loops"]), r
-    # the forward with the one-FMA exponent: its loops and the exact form's (forward_gluon.FMA_EXPONENT)
+    # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}
     assert all(len(r["mma_loops"]) == 2 * len(exact["mma_loops"]) for r in fma for exact in rows

@@ -93,3 +93,16 @@ def test_bench_attention_head_group_sets_the_dispatch_and_the_header(monkeypatch
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--head-group", "0"])
     assert "--head-group must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_attention_fma_exponent_sets_the_switch(monkeypatch):
+    pytest.importorskip("triton")
+    import bench_attention
+    from hf_fp8_attention.kernels import exponent
+
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    args = bench_attention.parse_args(["--modes", "fwd"])
+    assert not exponent.FMA_EXPONENT and args.schedule == ""
+    args = bench_attention.parse_args(["--fma-exponent", "--modes", "fwd"])
+    assert exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=True"
+    assert exponent.fma_bound() == exponent.FMA_EXPONENT_BOUND

@@ -71,6 +71,7 @@ from ..config import FP8AttentionConfig, Granularity
 from ..masking import MaskSpec, varlen_max_lengths
 from .autotune import LaunchTuner
 from .constants import LOG2E
+from .exponent import fma_bound
 from .launch import launch as launch_kernel
 from .logit_mods import logit_mods, soft_cap
 from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
@@ -95,15 +96,16 @@ REF_SLACK = 32.0
 def _visit_tiles(
     acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q,
     k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start,
-    shift_x, cap_x, t_lo, t_hi, kv_len, window,
+    shift_x, cap_x, t_lo, t_hi, kv_len, window, fma,
     MASKED: tl.constexpr, TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr, INTERPRET: tl.constexpr,
-    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, FMA_EXP: tl.constexpr,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
-    m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring).
+    m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring). FMA_EXP: each
+    exponent as one FMA from the log2 units (:mod:`.exponent`; K_HEAD without logit modifiers).
 
     ROW_SHIFT / SOFTCAP: x with the row constants ``shift_x`` added back and capped at ``cap_x``
     (both (BLOCK_M,), x units; module docstring) before the mask and the row max.
@@ -179,8 +181,16 @@ def _visit_tiles(
             r_t_ref = tl.where(r_t == float("-inf"), 0.0, r_t)
         else:
             r_t_ref = r_t
-        # 448·2^(s − r_T): exactly 448 where x = r_T, at any magnitude of the logits (module docstring).
-        p = tl.math.exp2((x - r_t_ref[:, None]) * q_scale2[:, None] + LOG2_PMAX)
+        # 448·2^(s − r_T): exactly 448 where x = r_T, at any magnitude of the logits (module docstring);
+        # FMA_EXP, where this program's bound allows (``fma``, uniform): one FMA per score, r_T·q2 −
+        # log2 448 rounded once per row (exponent.py).
+        if FMA_EXP:
+            if fma:
+                p = tl.math.exp2(x * q_scale2[:, None] - (r_t_ref * q_scale2 - LOG2_PMAX)[:, None])
+            else:
+                p = tl.math.exp2((x - r_t_ref[:, None]) * q_scale2[:, None] + LOG2_PMAX)
+        else:
+            p = tl.math.exp2((x - r_t_ref[:, None]) * q_scale2[:, None] + LOG2_PMAX)
         gamma = tl.math.exp2((r_i - r_t_ref) * q_scale2)
         # acc and l move to the new tile's reference (gamma): one factor per row, and the tile's P·V
         # joins with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
@@ -194,6 +204,44 @@ def _visit_tiles(
             acc = acc * gamma[:, None] + pv * tl.load(vs_base + t * BLOCK_D + offs_d)[None, :]
         m_i = m_new
         r_i = r_t
+    return acc, l_i, m_i, r_i
+
+
+@triton.jit
+def _visit_all(
+    acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc,
+    k_row0, vt_row0, k_start, shift_x, cap_x, t_lo, f_lo, f_hi, t_hi, kv_len, window, fma,
+    TMA: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr, P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr,
+    P_SUB_MIN: tl.constexpr, CVT: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
+    INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, FMA_EXP: tl.constexpr,
+):
+    """A program's key tiles (:func:`key_tile_range`: ``t_lo <= f_lo <= f_hi <= t_hi``) into its running
+    (acc, l, m, r): leading masked tiles (window edge), fully visible tiles, trailing masked tiles
+    (diagonal, end).
+
+    Without a window there are no leading masked tiles (the key range starts at 0), and that loop is
+    not compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
+    short launch's stall samples. The trailing loop is empty too without causal mask or window when
+    Sk is a multiple of BLOCK_N (KV_ALIGNED), and then not compiled either. (A runtime branch around
+    it made the non-causal forward slower: benchmarks/NOTES.md.)"""
+    if HAS_WINDOW:
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          t_lo, f_lo, kv_len, window, fma, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
+    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
+                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                      f_lo, f_hi, kv_len, window, fma, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                      LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
+    if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
+        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
+                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
+                                          f_hi, t_hi, kv_len, window, fma, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
+                                          LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
     return acc, l_i, m_i, r_i
 
 
@@ -214,7 +262,7 @@ def _fwd_kernel(
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
     Q_CODES: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SINK: tl.constexpr,
+    SINK: tl.constexpr, FMA_BOUND: tl.constexpr = 0.0,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
     1/block). Q_CODES: Q comes quantized by the quantization kernel (rotated, with per-token or
@@ -223,7 +271,8 @@ def _fwd_kernel(
     TMA descriptors of K's codes viewed (B·Hkv·Sk, DP) and Vᵀ's viewed (B·Hkv·DP, Sk_pad), read only
     with TMA (the codes tensors themselves otherwise). SOFTCAP / ROW_SHIFT / SINK: the logit
     modifiers (module docstring): ``softcap`` c₂, ``shift_ptr`` (B, Hq, Sq) and ``sinks_ptr`` (Hq,)
-    in log2 units."""
+    in log2 units. FMA_BOUND: :mod:`.exponent` (0: the exact exponent only; K_HEAD without the
+    modifiers)."""
     n_m = tl.num_programs(0)
     # Heaviest (last, under a causal mask) query tiles first: better tail balance.
     m_blk = n_m - 1 - tl.program_id(0)
@@ -304,36 +353,29 @@ def _fwd_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink / q_scale2
         r_i = m_i
         l_i = tl.where(m_i == float("-inf"), 0.0, tl.math.exp2(l_i + LOG2_PMAX))
-    # Leading masked tiles (window edge), fully visible tiles, trailing masked tiles (diagonal, end).
-    # Without a window there are no leading masked tiles (the key range starts at 0), and that loop is not
-    # compiled: its pipeline prologue (addresses, predicated loads) ran in every program, 7% of a
-    # short launch's stall samples. The trailing loop is empty too without causal mask or window
-    # when Sk is a multiple of BLOCK_N (KV_ALIGNED), and then not compiled either. (A runtime branch
-    # around it made the non-causal forward slower: benchmarks/NOTES.md.)
-    if HAS_WINDOW:
-        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
-                                          t_lo, f_lo, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
-                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
-    acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                      vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
-                                      f_lo, f_hi, kv_len, window, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
-                                      LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
-    if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
-        acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
-                                          vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
-                                          f_hi, t_hi, kv_len, window, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
-                                          LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP)
+    # The key tiles (leading masked, fully visible, trailing masked: _visit_all), with the exact
+    # exponent, or where FMA_BOUND is on and this program's rows' bound is below it (their largest
+    # factor, rows past the sequence counting 0: exponent.fma_row_bound), with the one-FMA one.
+    fma = False
+    if FMA_BOUND > 0.0:
+        fma = tl.max(tl.where(m_ok, q_scale2, 0.0), 0) * (BLOCK_D * 448.0 * 448.0) + REF_SLACK + LOG2_PMAX < FMA_BOUND
+    acc, l_i, m_i, r_i = _visit_all(
+        acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base, vs_base, S_PAD, k_desc,
+        vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x, t_lo, f_lo, f_hi, t_hi, kv_len, window, fma, TMA, CAUSAL,
+        HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
+        V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_BOUND > 0.0)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     if V_SEQ:
         acc = acc * tl.load(vs_base + offs_d)[None, :]  # the sequence's channel scales, once
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"),
-                   (r_i * q_scale2 + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
+    if FMA_BOUND > 0.0:  # the FMA form's l counts p relative to its rounded r·q2 − log2 448
+        log2_l = tl.math.log2(tl.where(empty, 1.0, l_i))
+        lse2 = tl.where(fma, (r_i * q_scale2 - LOG2_PMAX) + log2_l, r_i * q_scale2 + log2_l - LOG2_PMAX)
+        lse = tl.where(empty, float("-inf"), lse2 * 0.6931471805599453)
+    else:
+        lse = tl.where(empty, float("-inf"),
+                       (r_i * q_scale2 + tl.math.log2(tl.where(empty, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
     o_ptrs = out_ptr + bb * sob + h * soh + tok_q[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + (bb * HQ + h) * SQ + tok_q, lse, mask=m_ok)
@@ -543,6 +585,8 @@ def triton_forward(
     )
     meta = {**_kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
                            not varlen and sk % config.block_k == 0), **mods.meta()}
+    # The one-FMA exponent (exponent.py): block-free K (its scale in the row factor), no logit modifiers.
+    meta["FMA_BOUND"] = fma_bound() if meta["K_HEAD"] and not any(mods.meta().values()) else 0.0
     if max(rows, 0) == 0:
         return out, lse
     if block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
@@ -564,6 +608,7 @@ def triton_forward(
         pinned = _pinned_launch(meta["BLOCK_D"])
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
                meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"], meta["SOFTCAP"], meta["ROW_SHIFT"], meta["SINK"],
+               meta["FMA_BOUND"],
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch, autotune_space(meta["BLOCK_D"])))

@@ -14,14 +14,10 @@ docstring: G = REF_SLACK, q2 = Q's scale · K's scale · τ · log2 e). O may di
 launch's only by the order of the row sums of p (on the H200 it was bit-identical in every timed
 shape).
 
-The one-FMA exponent (``FMA_EXPONENT``, off by default): p = 2^(x·q2 − (r_T·q2 − log2 448)), one FMA
-per score instead of an add and an FMA (548 → 487 instructions per tile in the interior loop,
-offline for sm_90a). The rounding of r_T·q2 − log2 448 to fp32 moves the whole row's p by up to
-2^-24·|r_T·q2| relative, which at logits of ~1e6 let the max's code saturate while l counted it in
-full (forward.py's module docstring). So each consumer warpgroup takes the FMA only where a bound
-on its rows' |r·q2| (:func:`fma_row_bound`, from the largest row factor and |x| <= D·448²) is
-below ``FMA_EXPONENT_BOUND``, and the exact form otherwise; both loops are compiled. On real
-activations (``benchmarks/fma_exponent.py``) the bound sits 20x below it and p moves by ~3e-6.
+The one-FMA exponent (:mod:`.exponent`, off by default): each consumer warpgroup compares the bound
+of its 64 rows with FMA_BOUND once, then runs its tiles in the FMA form or the exact one (both
+loops compiled; 548 → 487 instructions per tile in the interior loop, offline for sm_90a), and
+takes LSE from the same rounded r·q2 − log2 448 as l.
 
 Why: the Triton launch runs the two products and the per-score work of a tile one after the other
 in each warp (0.74 PFLOP/s at 8k causal; the products alone take ~2/3 of its time, the per-score
@@ -40,12 +36,11 @@ causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
+from .exponent import LOG2_PMAX, fma_bound
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 
 if gluon is not None:
@@ -77,29 +72,6 @@ LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (Fa
            "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
            "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
-LOG2_PMAX = math.log2(448.0)
-# The one-FMA exponent (module docstring): off until timed on the GPU. Where on, a consumer
-# warpgroup takes it if its rows' bound on |r·q2| (log2 units) is below FMA_EXPONENT_BOUND: p then
-# moves by at most 2^-24 · 2^14 · ln 2 = 6.8e-4 relative from the exact form's (at real logits, |r·q2|
-# ~ 30-40, by ~2^-19), against 2^-4 to 2^-3 between E4M3 codes. On the real-activation fixture the
-# bound is 866-934 at most (benchmarks/fma_exponent.py): real rows take the FMA, only huge logits the exact form.
-FMA_EXPONENT = False
-FMA_EXPONENT_BOUND = 2.0**14
-
-
-def fma_row_bound(q2_max: float, head_dim: int, slack: float) -> float:
-    """What a consumer warpgroup compares with FMA_BOUND, in Python: a bound on |r·q2 − log2 448| over
-    its rows, from their largest row factor ``q2_max`` (|x| <= head_dim · 448², r within ``slack``
-    log2 units of a row's max). NaN for a NaN factor, so that the comparison fails."""
-    return q2_max * (head_dim * 448.0 * 448.0) + slack + LOG2_PMAX
-
-
-def fma_bound() -> float:
-    """The kernel's FMA_BOUND constexpr: :data:`FMA_EXPONENT_BOUND` where :data:`FMA_EXPONENT` is
-    on, else 0 (the exact form everywhere, and no second copy of the loops compiled)."""
-    return float(FMA_EXPONENT_BOUND) if FMA_EXPONENT else 0.0
-
-
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
                  mod_meta: dict) -> str | None:
     """None when the call is in the kernel's scope (any device), else why not (one short phrase).
@@ -297,7 +269,7 @@ if gluon is not None:
             # exponent's rounding of it moves p by under 2^-24·FMA_BOUND·ln 2 relative. One decision
             # for the warpgroup (its MMAs are warpgroup-wide); huge factors take the exact form (NaN
             # propagates through either).
-            fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # fma_row_bound
+            fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # exponent.fma_row_bound
             if fma:
                 acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
                                                     queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
@@ -368,6 +340,5 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "FMA_EXPONENT", "FMA_EXPONENT_BOUND", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS",
-           "MERGED_WAITS", "PINGPONG", "Q_IN_REGISTERS", "STAGES", "fma_bound", "fma_row_bound", "gluon_forward",
-           "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
+           "Q_IN_REGISTERS", "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]

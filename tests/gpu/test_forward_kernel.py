@@ -373,3 +373,31 @@ def test_torch_compile_reduce_overhead_replays_cuda_graphs():
     g_e = torch.autograd.grad(loss(q, k, v, do), (q, k, v))
     for a, b in zip(g_c, g_e):
         assert torch.equal(a, b)
+
+
+# The one-FMA exponent (kernels/exponent.py): p moves by ~1e-6 relative at these logits, so a P code
+# flips only within that of a rounding boundary (a share of ~1e-5); each flip moves one p·v term by
+# one code step, so ‖ΔO‖/‖O‖ stays far below 1e-3, ten times below the emulation's bound, while a
+# wrong reference or a lost factor moves O by O(1). LSE: the same logits, ~1e-6 relative.
+FMA_O_REL, FMA_LSE_ABS = 1e-3, 1e-5
+
+
+@pytest.mark.parametrize("case", CASES[1:], ids=lambda c: "-".join(map(str, c)))
+def test_fma_exponent_keeps_the_exact_forms_outputs(case, monkeypatch):
+    from hf_fp8_attention.kernels import exponent
+
+    b, hq, hkv, sq, sk, d, causal, window = case
+    q, k, v = _inputs(b, hq, hkv, sq, sk, d, torch.float32, seed=sq + d + 1)
+    mask, cfg = MaskSpec(causal=causal, window=window), FP8AttentionConfig()
+    want, want_lse = _kernel(q, k, v, mask, cfg)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    out = _check_vs_emulation(q, k, v, mask, cfg)
+    _, lse = _kernel(q, k, v, mask, cfg)
+    assert rel_err(out, want) <= FMA_O_REL, rel_err(out, want)
+    fin = torch.isfinite(want_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - want_lse[fin]).abs().max().item() <= FMA_LSE_ABS
+    # q and k 30x larger: every program's bound exceeds FMA_EXPONENT_BOUND, the exact loop runs
+    huge = (q * 30, k * 30, v)
+    got = _kernel(*huge, mask, cfg)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    assert all(torch.equal(a, b) for a, b in zip(got, _kernel(*huge, mask, cfg)))

@@ -13,7 +13,7 @@ its scope, so none can pass on the Triton kernel alone.
 - Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
   Hopper's FP8 accumulation).
 - NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
-- The one-FMA exponent (``forward_gluon.FMA_EXPONENT``): against the emulation with the same bounds,
+- The one-FMA exponent (``exponent.FMA_EXPONENT``): against the emulation with the same bounds,
   and against the exact form, from which it moves p by ~1e-6 relative at these logits, so that a P
   code changes only where p sits that close to a rounding boundary (a few in a million on real
   activations, benchmarks/fma_exponent.py): O within ``FMA_O_REL`` = 1e-3 relative (norm) of the
@@ -36,7 +36,7 @@ from helpers import GLUON_RECIPES as RECIPES, count_calls, make_qkv, rel_err  # 
 from test_forward_kernel import LSE_ABS as EMULATION_LSE_ABS, O_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
-from hf_fp8_attention.kernels import forward, forward_gluon  # noqa: E402
+from hf_fp8_attention.kernels import exponent, forward, forward_gluon  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_forward  # noqa: E402
 
@@ -107,7 +107,7 @@ def test_gluon_forward_matches_the_triton_kernel(shape, recipe, dtype, gluon_cal
 @pytest.mark.parametrize("recipe", list(RECIPES)[::2])
 @pytest.mark.parametrize("shape", list(SHAPES)[:3])
 def test_gluon_forward_matches_emulation(shape, recipe, dtype, fma, gluon_calls, monkeypatch):
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", fma)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
     config = RECIPES[recipe]
     qkv, mask, scale, inside = _problem(shape, config, dtype, seed=5)
     out, lse = _forward(qkv, mask, scale, config)
@@ -122,7 +122,7 @@ def test_gluon_forward_matches_emulation(shape, recipe, dtype, fma, gluon_calls,
 def test_gluon_forward_layouts_are_identical(shape, fma, gluon_calls, monkeypatch):
     """Q read by the S MMA from registers or from shared memory, one wait or two per key tile, a
     ring of 2 or 3 slots: the same products in the same order, bit for bit (either exponent form)."""
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", fma)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
     config = RECIPES["fp8_delta_fast"]
     qkv, mask, scale, _ = _problem(shape, config, torch.bfloat16, seed=7)
     default = _forward(qkv, mask, scale, config)
@@ -155,7 +155,7 @@ def test_gluon_forward_fma_exponent_keeps_the_exact_forms_outputs(shape, recipe,
     config = RECIPES[recipe]
     qkv, mask, scale, inside = _problem(shape, config, dtype, seed=11)
     want, want_lse = _forward(qkv, mask, scale, config)
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
     out, lse = _forward(qkv, mask, scale, config)
     assert inside and gluon_calls[0] == 2
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
@@ -171,7 +171,7 @@ def test_gluon_forward_fma_guard_takes_the_exact_form_at_huge_logits(recipe, glu
     (q, k, v), mask, scale, _ = _problem("causal_long", config, torch.bfloat16, seed=13)
     qkv = (q * 30, k * 30, v)
     want = _forward(qkv, mask, scale, config)
-    monkeypatch.setattr(forward_gluon, "FMA_EXPONENT", True)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
     got = _forward(qkv, mask, scale, config)
     assert gluon_calls[0] == 2
     assert all(torch.equal(g, w) for g, w in zip(got, want))
