@@ -74,8 +74,8 @@ def variants(mods: str):
                FMA_BOUND=0.0)  # the exact exponent (kernels/exponent.py)
     yield "forward", forward._fwd_kernel, {**fwd, **flags}, 8
     common = dict(HEAD_D=128, BLOCK_D=128, CAUSAL=True, HAS_WINDOW=False, VARLEN=False, POW2=False, DS_DTYPE=e4m3,
-                  DS_MAX=448.0, INTERPRET=False, KV_HEAD=False, COL_SEQ=True, ALIGNED=True, BLOCK_DO=128, QDO_HEAD=False,
-                  **flags)
+                  DS_MAX=448.0, INTERPRET=False, KV_HEAD=False, COL_SEQ=True, ALIGNED=True, BLOCK_DO=128,
+                  QDO_HEAD=False, **flags)
     for name, stats, grads in (("dq_stats", True, False), ("dq", False, True)):
         yield name, backward_fp8.bwd_dq_fp8_kernel, dict(common, BLOCK_Q=64, BLOCK_K=128, MATCHED=True, DEBUG=False,
                                                          STATS=stats, GRADS=grads), 4

@@ -61,7 +61,8 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None}
 # h200_v37_prep_sweep_*.log). The cap alone spilled in the packed fast launches. ``tiles``: BLOCK_S-token
 # tiles per program (None: 1), each program's row-wise loop running over all of its tiles, so that
 # its slices pipeline across tiles and a rotated copy loads its Hadamard matrix once per program
-# instead of once per tile; the same codes and scales, and the same registers (offline, sm_90a).
+# instead of once per tile; the same codes and scales, at most 128 registers and no spills at 2-8
+# tiles (offline, sm_90a). Not yet timed.
 ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": None}
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens

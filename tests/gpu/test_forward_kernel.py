@@ -395,7 +395,8 @@ def test_fma_exponent_keeps_the_exact_forms_outputs(case, monkeypatch):
     _, lse = _kernel(q, k, v, mask, cfg)
     assert rel_err(out, want) <= FMA_O_REL, rel_err(out, want)
     fin = torch.isfinite(want_lse)
-    assert torch.equal(fin, torch.isfinite(lse)) and (lse[fin] - want_lse[fin]).abs().max().item() <= FMA_LSE_ABS
+    assert torch.equal(fin, torch.isfinite(lse))
+    assert (lse[fin] - want_lse[fin]).abs().max().item() <= FMA_LSE_ABS
     # q and k 30x larger: every program's bound exceeds FMA_EXPONENT_BOUND, the exact loop runs
     huge = (q * 30, k * 30, v)
     got = _kernel(*huge, mask, cfg)
