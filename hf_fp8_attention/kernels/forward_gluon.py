@@ -263,6 +263,7 @@ if gluon is not None:
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         if MERGED and PINGPONG and WG == 1:  # warpgroup 0 issues first
             mbarrier.arrive(turn.index(0), count=1)
+        fma = False  # FMA_BOUND 0: the exact form, and the FMA loop is not compiled
         if FMA_BOUND > 0.0:
             # |x| <= D·448² (a sum of D products of codes), and r is an x or m − slack/q2, so every
             # row's |r·q2 − log2 448| stays under this warpgroup's bound; below FMA_BOUND the one-FMA
@@ -270,14 +271,10 @@ if gluon is not None:
             # for the warpgroup (its MMAs are warpgroup-wide); huge factors take the exact form (NaN
             # propagates through either).
             fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # exponent.fma_row_bound
-            if fma:
-                acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
-                                                    queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                    LOG2_PMAX, s_layout, pa_layout, WG, True)
-            else:
-                acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
-                                                    queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                    LOG2_PMAX, s_layout, pa_layout, WG, False)
+        if fma:
+            acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
+                                                queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+                                                LOG2_PMAX, s_layout, pa_layout, WG, True)
         else:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
                                                 queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
