@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_names import (CONFIG_FLAGS, add_schedule_options, apply_launch_tables, apply_schedule_options,  # noqa: E402
-                          fresh_memory_peak, recipe_config)
+from recipe_names import (CONFIG_FLAGS, SCHEDULE_FLAGS, add_schedule_options, apply_launch_tables,  # noqa: E402
+                          apply_schedule_options, fresh_memory_peak, recipe_config)
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 LOGIT_MODS = ("softcap", "sinks")
@@ -319,8 +319,7 @@ def render(env, rows, args) -> str:
     if args.stats_launch:
         lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
     if args.schedule:
-        lines += ["", f"Launch schedule set for this run: {args.schedule} (`--backward-chunks`, `--head-group`, "
-                  "`--chunk-by-size`)"]
+        lines += ["", f"Launch schedule set for this run: {args.schedule} ({SCHEDULE_FLAGS})"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

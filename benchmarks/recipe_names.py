@@ -86,6 +86,10 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
             parser.error(f"{flag}: {err}")
 
 
+# The options of add_schedule_options, as the scripts' result headers name them.
+SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent`"
+
+
 def add_schedule_options(parser) -> None:
     """The launch-schedule options the timing scripts share; apply them after parsing with
     :func:`apply_schedule_options`:

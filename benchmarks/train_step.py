@@ -54,7 +54,7 @@ from hf_fp8_attention import RECIPES, register_fp8_attention  # noqa: E402
 from hf_fp8_attention.integration import DEFAULT_BACKENDS  # noqa: E402
 from bench_attention import environment, write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
-from recipe_names import add_schedule_options, apply_schedule_options  # noqa: E402
+from recipe_names import SCHEDULE_FLAGS, add_schedule_options, apply_schedule_options  # noqa: E402
 
 MODELS = {
     "llama0.9b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
@@ -329,8 +329,7 @@ def render(env: dict, rows: list[dict], params: dict, args) -> str:
     adamw = {frozenset({True}): "fused", frozenset({False}): "unfused (foreach)"}.get(frozenset(fused), "fused where available")
     clock = "CUDA events" if env["device"] == "cuda" else "host clock"
     schedule = getattr(args, "schedule", "")
-    chunks = (f"; launch schedule set for this run: {schedule} (`--backward-chunks`, `--head-group`, "
-              "`--chunk-by-size`)" if schedule else "")
+    chunks = f"; launch schedule set for this run: {schedule} ({SCHEDULE_FLAGS})" if schedule else ""
     lines = [f"# One training step (forward, backward, AdamW) per attention backend — {env['gpu']}{tiny}", "",
              " · ".join(f"{k} {env[k]}" for k in ("torch", "triton", "transformers", "cuda", "python", "date_utc")
                         if env.get(k) is not None), "",

@@ -59,8 +59,9 @@ PHASES = ("finetune", "extend", "ladder")
 MODES = ("sdpa", "fp8_delta", "fp8_stale", "fp8_delta_fast", "hybrid_delta", "hybrid_stale")
 REFERENCE = "sdpa"
 # Llama shapes of the ladder (head_dim 64, 4 kv heads, 5 at 60m whose 10 heads 4 does not divide, tied
-# embeddings; params with an 8k vocab). 60m is the middle rung of the ladder that fits 30-minute GPU slots, whose runs cannot
-# carry a checkpoint from one machine to the next (docs/parity.md): 30m, 60m, 120m; 350m needs longer.
+# embeddings; params with an 8k vocab). 60m is the middle rung of the ladder that fits 30-minute GPU
+# slots, whose runs cannot carry a checkpoint from one machine to the next (docs/parity.md): 30m,
+# 60m, 120m; 350m needs longer.
 LADDER = {
     "30m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=4, head_dim=64),
