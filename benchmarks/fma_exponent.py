@@ -37,7 +37,7 @@ from hf_fp8_attention.kernels.forward import REF_SLACK  # noqa: E402
 from hf_fp8_attention.kernels.exponent import FMA_EXPONENT_BOUND, LOG2_PMAX, fma_row_bound  # noqa: E402
 from hf_fp8_attention.kernels.forward_gluon import BLOCK_N, HALF_Q  # noqa: E402
 from hf_fp8_attention.quant import quantize  # noqa: E402
-from hf_fp8_attention.transforms import hadamard_block, key_mean, rotate  # noqa: E402
+from hf_fp8_attention.reference import qk_transformed  # noqa: E402
 
 F32 = torch.float32
 
@@ -59,12 +59,7 @@ def exponents(x: torch.Tensor, r: torch.Tensor, q2: torch.Tensor, fma: bool) -> 
 def operands(q, k, config):
     """FP8 codes and scales of S = QKᵀ as the recipe makes them: ``(qc (H, S, D), sq (H, S),
     kc (Hkv, S, D), sk (Hkv,), factor)`` (float64), for the fixture's ``q (1, H, S, D)``."""
-    qt, kt, factor = q[0].float(), k[0].float(), 1.0
-    if config.hadamard:
-        qt, kt = rotate(qt), rotate(kt)
-        factor = 1.0 / hadamard_block(q.shape[-1])
-    if config.smooth_k:
-        kt = kt - (rotate(key_mean(k[0])) if config.hadamard else key_mean(k[0]))
+    qt, kt, factor = qk_transformed(q[0], k[0], config)  # (H, S, D) and (Hkv, S, D): the transforms are per row
     if config.qdo_scales is Granularity.HEAD:
         qc, sq = quantize(qt.reshape(qt.shape[0], -1), dim=-1, block=None)
         qc, sq = qc.reshape(qt.shape), sq.expand(-1, qt.shape[1])

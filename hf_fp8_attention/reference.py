@@ -241,13 +241,14 @@ def _fq_col(x, fmt, block, config):
     return fake_quantize(x, dim=-2, block=block, fmt=fmt, pow2=config.pow2_scales)
 
 
-def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The fake-quantized operands of S = QKᵀ (F1 and B1) and the factor the logits take.
+def qk_transformed(qg: torch.Tensor, k: torch.Tensor,
+                   config: FP8AttentionConfig) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The operands of S = QKᵀ (F1 and B1) before they are quantized, and the factor the logits take.
 
     ``qg (B, Hkv, G, Sq, D)``, ``k (B, Hkv, Sk, D)`` of one sequence. K-smoothing subtracts the keys'
     channel mean, the rotation multiplies both by the ±1 Hadamard matrix (module
-    :mod:`..transforms`); returns fp32 ``(q_op, k_op, factor)`` with QKᵀ = factor · q_op k_opᵀ up to
-    the quantization error (factor 1/block with the rotation, else 1).
+    :mod:`..transforms`); returns fp32 ``(q_t, k_t, factor)`` with QKᵀ = factor · q_t k_tᵀ (factor
+    1/block with the rotation, else 1).
     """
     q_t, k_t, factor = qg.float(), k.float(), 1.0
     if config.hadamard:
@@ -256,6 +257,15 @@ def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -
         factor = 1.0 / hadamard_block(qg.shape[-1])
     if config.smooth_k:
         k_t = k_t - (rotate(key_mean(k)) if config.hadamard else key_mean(k))
+    return q_t, k_t, factor
+
+
+def qk_operands(qg: torch.Tensor, k: torch.Tensor, config: FP8AttentionConfig) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The fake-quantized operands of S = QKᵀ (F1 and B1) and the factor the logits take: those of
+    :func:`qk_transformed`, quantized as ``config`` says; fp32 ``(q_op, k_op, factor)`` with QKᵀ =
+    factor · q_op k_opᵀ up to the quantization error.
+    """
+    q_t, k_t, factor = qk_transformed(qg, k, config)
     q_op = _fq_row(q_t, config.q_format, config.qdo_scales, config)
     k_op = _fq_row(k_t, config.k_format, config.kv_scales, config)
     return q_op, k_op, factor
