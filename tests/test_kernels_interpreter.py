@@ -30,6 +30,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from hf_fp8_attention.kernels.quantize import max_nan, min_nan, reduce_max_nan, reduce_min_nan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,9 +297,52 @@ def _huge_logits_case(a: float):
             "lse_rel": ((lse[0, 0].double() - exact_lse).abs() / exact_lse).max().item()}
 
 
+@triton.jit
+def _reductions_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    """(N, N) fp32 ``x`` -> ``out`` (2, 4, N): per axis, max in both forms, then min in both forms."""
+    x = tl.load(x_ptr + tl.arange(0, N)[:, None] * N + tl.arange(0, N)[None, :])
+    i = tl.arange(0, N)
+    for axis in tl.static_range(2):
+        base = out_ptr + axis * 4 * N
+        tl.store(base + i, reduce_max_nan(x, axis))
+        tl.store(base + N + i, tl.reduce(x, axis, max_nan))
+        tl.store(base + 2 * N + i, reduce_min_nan(x, axis))
+        tl.store(base + 3 * N + i, tl.reduce(x, axis, min_nan))
+
+
+def _reductions_case():
+    """The NaN-keeping reductions' interpreter form (``tl.max`` / ``tl.min`` plus a NaN test) against
+    the ``tl.reduce`` with a combine function that compiled kernels run, along both axes, on rows
+    and columns holding NaN at the start, middle and end, ±inf, only -inf, only ±0 and ordinary
+    values: NaN in the same places, every other value equal. Equal, not the same bits: the sign of a
+    maximum over zeros of both signs follows the order of the comparisons (NumPy's pairwise form
+    keeps the later zero, its reduction the first), and no kernel tells the two zeros apart (scales
+    test amax == 0, the statistics feed magnitudes)."""
+    import torch
+
+    n = 16
+    x = torch.randn(n, n, generator=torch.Generator().manual_seed(3))
+    nan, inf = float("nan"), float("inf")
+    x[0, 1] = x[7, 2] = x[n - 1, 3] = nan  # NaN first, in the middle, last (columns 1-3, rows 0/7/15)
+    x[:, 4], x[5, 5], x[6, 5] = -inf, inf, -inf
+    x[:, 6] = torch.tensor([0.0, -0.0] * (n // 2))
+    x[8] = torch.tensor([-0.0, 0.0] * (n // 2))
+    x[9, :] = -inf
+    out = torch.empty(2, 4, n)
+    _reductions_kernel[(1,)](x, out, N=n)
+    ok = {}
+    for axis in range(2):
+        for name, (fast, generic) in {"max": (out[axis, 0], out[axis, 1]), "min": (out[axis, 2], out[axis, 3])}.items():
+            same_nan = bool(torch.equal(fast.isnan(), generic.isnan()))
+            finite = ~fast.isnan()
+            ok[f"{name}_axis{axis}"] = same_nan and bool(torch.equal(fast[finite], generic[finite]))
+    ok["nan_seen"] = bool(out[0, 0, 1:4].isnan().all()) and bool(out[1, 0, [0, 7, n - 1]].isnan().all())
+    return ok
+
+
 def _cases() -> dict:
     """Every check of the subprocess run, by result key, as a zero-argument callable."""
-    cases = {}
+    cases = {"reductions": _reductions_case}
     for a in (100.0, 1000.0, 3000.0):
         cases[f"huge/{a:g}"] = lambda a=a: _huge_logits_case(a)
     # One dense and one packed batch, at a power-of-two head dim and a padded one (16-32 s each in
@@ -320,7 +367,7 @@ def _run_all(part: int = 0, parts: int = 1) -> dict:
 def interpreter_results():
     from helpers import interpreter_results as run_parts
 
-    # On 2 cores: 208 -> 145 s (two processes a core were no faster: each imports torch and Triton).
+    # One process a core (two a core were no faster: each imports torch and Triton); ~30 s on 2 cores.
     results = run_parts(__file__)
     assert len(results) == len(_cases())
     return results
@@ -368,6 +415,11 @@ def test_quantize_kernel_bit_exact(interpreter_results, name):
     assert all(r.values()), r
     if QUANT_CASES[name][5] is not None:  # the second operand of the launch was checked too
         assert any(key.startswith("y_") for key in r), r
+
+
+def test_interpreter_reductions_equal_the_compiled_form(interpreter_results):
+    r = interpreter_results["reductions"]
+    assert all(r.values()), r
 
 
 @pytest.mark.parametrize("name", sorted(STATS_CASES))

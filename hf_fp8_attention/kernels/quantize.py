@@ -82,6 +82,20 @@ def quant_launch(rotated: bool, dp: int) -> dict:
     return ROTATED_LAUNCH if rotated else QUANT_LAUNCH
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET``, read as Triton does)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# The Triton interpreter runs a ``tl.reduce`` with a combine function element by element in Python
+# (hundreds of thousands of calls in one small quantization launch: most of the CPU test suite's
+# interpreter time). Under the interpreter the NaN-keeping reductions below use ``tl.max`` /
+# ``tl.min`` with the NaN test spelled out: the same values at NumPy speed. A constexpr global, so
+# compiled kernels keep only the ``tl.reduce`` branch (the same SASS: benchmarks/NOTES.md, "The CPU
+# test suite").
+INTERPRETED = tl.constexpr(interpreting())
+
+
 @triton.jit
 def max_nan(a, b):
     """Combine for ``tl.reduce``: maximum that keeps NaN (``tl.max`` drops it on GPU: maxnum)."""
@@ -89,9 +103,35 @@ def max_nan(a, b):
 
 
 @triton.jit
+def min_nan(a, b):
+    """Combine for ``tl.reduce``: minimum that keeps NaN (the twin of :func:`max_nan`)."""
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def reduce_max_nan(x, axis: tl.constexpr):
+    """max of ``x`` along ``axis``, NaN if the reduced slice holds one."""
+    if INTERPRETED:
+        out = tl.where(tl.sum((x != x).to(tl.int32), axis) > 0, float("nan"), tl.max(x, axis))
+    else:
+        out = tl.reduce(x, axis, max_nan)
+    return out
+
+
+@triton.jit
+def reduce_min_nan(x, axis: tl.constexpr):
+    """min of ``x`` along ``axis``, NaN if the reduced slice holds one."""
+    if INTERPRETED:
+        out = tl.where(tl.sum((x != x).to(tl.int32), axis) > 0, float("nan"), tl.min(x, axis))
+    else:
+        out = tl.reduce(x, axis, min_nan)
+    return out
+
+
+@triton.jit
 def abs_max(x, axis: tl.constexpr):
     """max |x| along ``axis``, NaN if the reduced slice holds one (as ``torch.amax``)."""
-    return tl.reduce(tl.abs(x), axis, max_nan)
+    return reduce_max_nan(tl.abs(x), axis)
 
 
 @triton.jit
@@ -224,10 +264,6 @@ def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr
     return fp8_cast(y, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 CVT_ENV = "HF_FP8_ATTENTION_CVT"
 
 
@@ -343,7 +379,7 @@ def _quantize_tile(
     if COL:
         head_amax = 0.0  # COL_MODE 2: the (sequence, head)'s amax over its channels
         if COL_MODE == 2:
-            head_amax = tl.reduce(tl.load(col_amax_ptr + sh * BLOCK_D + tl.arange(0, BLOCK_D)), 0, max_nan)
+            head_amax = reduce_max_nan(tl.load(col_amax_ptr + sh * BLOCK_D + tl.arange(0, BLOCK_D)), 0)
         if TILES == 1:  # the caller checked that the tile holds tokens
             _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile,
                       start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT,

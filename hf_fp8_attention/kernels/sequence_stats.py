@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, padded_head_dim, rotate_rows,
-    rotation_operand,
+    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, min_nan, padded_head_dim,
+    reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand,
 )
 from .launch import launch as launch_kernel
 from .tiles import block_of_sequence, cdiv, sequence_block_offsets
@@ -58,12 +58,6 @@ SUB_CHUNK_D256 = 16
 ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False, "stages": None,
                          "maxnreg": None}  # not measured
 FINISH_WARPS_D256 = 16
-
-
-@triton.jit
-def _min_nan(a, b):
-    """Combine for ``tl.reduce``: minimum that keeps NaN (the twin of :func:`.quantize.max_nan`)."""
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -113,7 +107,7 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                 y = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty)
                 if SHIFTED:
                     hi = max_nan(hi, tl.where(s_ok[:, None], y, float("-inf")))
-                    lo = _min_nan(lo, tl.where(s_ok[:, None], y, float("inf")))
+                    lo = min_nan(lo, tl.where(s_ok[:, None], y, float("inf")))
                 else:
                     hi = max_nan(hi, tl.abs(y))
         elif ROTATE:
@@ -124,8 +118,8 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
             if EXT:
                 y = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty)
                 if SHIFTED:
-                    hi = max_nan(hi, tl.reduce(tl.where(s_ok[:, None], y, float("-inf")), 0, max_nan))
-                    lo = _min_nan(lo, tl.reduce(tl.where(s_ok[:, None], y, float("inf")), 0, _min_nan))
+                    hi = max_nan(hi, reduce_max_nan(tl.where(s_ok[:, None], y, float("-inf")), 0))
+                    lo = min_nan(lo, reduce_min_nan(tl.where(s_ok[:, None], y, float("inf")), 0))
                 else:  # rows past the sequence are zeros: they never raise an amax
                     hi = max_nan(hi, abs_max(y, 0))
         else:
@@ -135,18 +129,18 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                 total += x
             if EXT and SHIFTED:  # hi and lo of y
                 hi = max_nan(hi, tl.where(s_ok[:, None], x, float("-inf")))
-                lo = _min_nan(lo, tl.where(s_ok[:, None], x, float("inf")))
+                lo = min_nan(lo, tl.where(s_ok[:, None], x, float("inf")))
     if ROTATE and ELEMENTWISE:
-        amax = tl.reduce(amax, 0, max_nan)
-        hi = tl.reduce(hi, 0, max_nan)
+        amax = reduce_max_nan(amax, 0)
+        hi = reduce_max_nan(hi, 0)
         if EXT and SHIFTED:
-            lo = tl.reduce(lo, 0, _min_nan)
+            lo = reduce_min_nan(lo, 0)
     if not ROTATE:
-        amax = tl.reduce(amax, 0, max_nan)
+        amax = reduce_max_nan(amax, 0)
         total = tl.sum(total, 0)
         if EXT and SHIFTED:
-            hi = tl.reduce(hi, 0, max_nan)
-            lo = tl.reduce(lo, 0, _min_nan)
+            hi = reduce_max_nan(hi, 0)
+            lo = reduce_min_nan(lo, 0)
         else:
             hi = amax
     if not (EXT and SHIFTED):
@@ -209,7 +203,7 @@ def _finish_kernel(
     for c in range(0, tl.cdiv(length, CHUNK)):
         base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
         hi = max_nan(hi, tl.load(base))
-        lo = _min_nan(lo, tl.load(base + BLOCK_D))
+        lo = min_nan(lo, tl.load(base + BLOCK_D))
         amax = max_nan(amax, tl.load(base + 2 * BLOCK_D))
         total += tl.load(base + 3 * BLOCK_D)
     sh = (seq * H + h).to(tl.int64)
@@ -234,7 +228,7 @@ def _finish_write(hi, lo, amax, total, length, h_ptr, out, sh, N_SH, BLOCK_D: tl
         else:
             shift = mean
     ext = max_nan(hi - shift, shift - lo)
-    row_amax = tl.where(length > 0, tl.reduce(ext, 0, max_nan), 0.0)
+    row_amax = tl.where(length > 0, reduce_max_nan(ext, 0), 0.0)
     tl.store(out + sh * BLOCK_D + offs_d, shift)
     tl.store(out + (N_SH + sh) * BLOCK_D + offs_d, amax)
     tl.store(out + 2 * N_SH * BLOCK_D + sh, row_amax)
