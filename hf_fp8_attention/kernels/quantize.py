@@ -109,10 +109,16 @@ def min_nan(a, b):
 
 
 @triton.jit
+def _any_nan(x, axis: tl.constexpr):
+    """Whether each slice of ``x`` along ``axis`` holds a NaN (the interpreter's form below)."""
+    return tl.sum((x != x).to(tl.int32), axis) > 0
+
+
+@triton.jit
 def reduce_max_nan(x, axis: tl.constexpr):
     """max of ``x`` along ``axis``, NaN if the reduced slice holds one."""
     if INTERPRETED:
-        out = tl.where(tl.sum((x != x).to(tl.int32), axis) > 0, float("nan"), tl.max(x, axis))
+        out = tl.where(_any_nan(x, axis), float("nan"), tl.max(x, axis))
     else:
         out = tl.reduce(x, axis, max_nan)
     return out
@@ -122,7 +128,7 @@ def reduce_max_nan(x, axis: tl.constexpr):
 def reduce_min_nan(x, axis: tl.constexpr):
     """min of ``x`` along ``axis``, NaN if the reduced slice holds one."""
     if INTERPRETED:
-        out = tl.where(tl.sum((x != x).to(tl.int32), axis) > 0, float("nan"), tl.min(x, axis))
+        out = tl.where(_any_nan(x, axis), float("nan"), tl.min(x, axis))
     else:
         out = tl.reduce(x, axis, min_nan)
     return out
