@@ -87,7 +87,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 
 # The options of add_schedule_options, as the scripts' result headers name them.
-SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent`"
+SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent`, `--fold-stats`"
 
 
 def add_schedule_options(parser) -> None:
@@ -100,7 +100,9 @@ def add_schedule_options(parser) -> None:
       (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other);
     - ``--chunk-by-size``: the FP8 backward in chunks wherever the call is large, whatever the memory
       peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule;
-    - ``--fma-exponent``: the forwards' one-FMA exponent (``kernels.exponent.FMA_EXPONENT``)."""
+    - ``--fma-exponent``: the forwards' one-FMA exponent (``kernels.exponent.FMA_EXPONENT``);
+    - ``--fold-stats 0|1``: the sequence statistics folded in their partials launch, or in a launch
+      of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -111,13 +113,16 @@ def add_schedule_options(parser) -> None:
                              "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
     parser.add_argument("--fma-exponent", action="store_true",
                         help="the forwards' one-FMA exponent where its bound allows (kernels.exponent.FMA_EXPONENT)")
+    parser.add_argument("--fold-stats", type=int, choices=(0, 1), default=None,
+                        help="1: the sequence statistics folded in their partials launch; 0: a launch of their own "
+                             "(kernels.sequence_stats.FOLD_IN_PARTIALS)")
 
 
 def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
     scripts' headers."""
-    from hf_fp8_attention.kernels import backward, exponent, gluon_hopper
+    from hf_fp8_attention.kernels import backward, exponent, gluon_hopper, sequence_stats
 
     notes = []
     for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
@@ -134,4 +139,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.fma_exponent:
         exponent.FMA_EXPONENT = True
         notes.append("FMA_EXPONENT=True")
+    if args.fold_stats is not None:
+        sequence_stats.FOLD_IN_PARTIALS = bool(args.fold_stats)
+        notes.append(f"FOLD_IN_PARTIALS={bool(args.fold_stats)}")
     return " ".join(notes)

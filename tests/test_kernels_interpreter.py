@@ -234,14 +234,17 @@ QUANT_CASES = {
 }
 
 
-# The statistics kernel's checks: name -> (varlen, head dim).
-STATS_CASES = {"dense_d64": (False, 64), "varlen_d96": (True, 96)}
+# The statistics kernel's checks: name -> (varlen, head dim, fold in the partials launch).
+STATS_CASES = {"dense_d64": (False, 64, False), "varlen_d96": (True, 96, False),
+               "dense_d64_fold": (False, 64, True), "varlen_d96_fold": (True, 96, True)}
 
 
-def _stats_case(varlen: bool, d: int):
+def _stats_case(varlen: bool, d: int, fold: bool):
     """The statistics kernel (two operands per launch, every kind of statistic) against PyTorch,
     with 32-token chunks instead of 256 (one slice each), so that the dense case's 45-token rows
-    span two chunks and the finishing launch folds both (the interpreter also runs 8x fewer slices)."""
+    span two chunks and the fold (finishing launch, or ``fold``: the program that completes the
+    last chunk) folds both (the interpreter also runs 8x fewer slices). The packed batch has an
+    empty sequence, and a batch of empty sequences only must give zeros too."""
     import torch
 
     from hf_fp8_attention.kernels import sequence_stats as stats_module
@@ -254,14 +257,20 @@ def _stats_case(varlen: bool, d: int):
     v = (torch.randn(*shape, generator=gen) * 5).to(torch.bfloat16).float()
     cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
     needs = (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True))
-    chunk, stats_module.CHUNK = stats_module.CHUNK, 32
+    saved = stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS
+    stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS = 32, fold
     try:
         got_k, got_v = sequence_stats((k, v), needs, cu_seqlens=cu)
         (got_q,) = sequence_stats((v,), (StatsNeed(rotate=True, row_amax=True),), cu_seqlens=cu)
+        if varlen:
+            nothing = torch.zeros(1, 3, 0, d)
+            only_empty = sequence_stats((nothing, nothing), needs, cu_seqlens=torch.zeros(3, dtype=torch.int32))
     finally:
-        stats_module.CHUNK = chunk
+        stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS = saved
     bounds = list(zip(cu[:-1].tolist(), cu[1:].tolist())) if varlen else [(0, shape[2])] * shape[0]
     ok = {"shift": True, "row_amax": True, "col_amax": True, "empty_zero": True}
+    if varlen:
+        ok["only_empty_zero"] = all(float(t.abs().max()) == 0 for st in only_empty for t in st)
     for i, (lo, hi) in enumerate(bounds):
         b = 0 if varlen else i
         ks, vs = k[b, :, lo:hi], v[b, :, lo:hi]
@@ -348,8 +357,8 @@ def _cases() -> dict:
     # One dense and one packed batch, at a power-of-two head dim and a padded one (16-32 s each in
     # the interpreter; the other pairings and head dim 256 run inside the forward cases and the
     # backward tests, checked end to end).
-    for name, (varlen, d) in STATS_CASES.items():
-        cases[f"stats/{name}"] = lambda varlen=varlen, d=d: _stats_case(varlen, d)
+    for name, args in STATS_CASES.items():
+        cases[f"stats/{name}"] = lambda args=args: _stats_case(*args)
     for i, name in enumerate(FORWARD_CASES):
         seed = int(os.environ.get("FWD_SEED_BASE", "0")) + i
         cases[f"fwd/{name}"] = lambda name=name, seed=seed: _forward_case(name, seed=seed)

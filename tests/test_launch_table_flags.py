@@ -106,3 +106,17 @@ def test_bench_attention_fma_exponent_sets_the_switch(monkeypatch):
     args = bench_attention.parse_args(["--fma-exponent", "--modes", "fwd"])
     assert exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=True"
     assert exponent.fma_bound() == exponent.FMA_EXPONENT_BOUND
+
+
+def test_bench_attention_fold_stats_sets_the_switch(monkeypatch):
+    pytest.importorskip("triton")
+    import bench_attention
+    from hf_fp8_attention.kernels import sequence_stats
+
+    default = sequence_stats.FOLD_IN_PARTIALS
+    monkeypatch.setattr(sequence_stats, "FOLD_IN_PARTIALS", default)
+    assert bench_attention.parse_args(["--modes", "fwd"]).schedule == ""
+    assert sequence_stats.FOLD_IN_PARTIALS is default
+    for value in (0, 1):
+        args = bench_attention.parse_args(["--fold-stats", str(value), "--modes", "fwd"])
+        assert sequence_stats.FOLD_IN_PARTIALS is bool(value) and args.schedule == f"FOLD_IN_PARTIALS={bool(value)}"

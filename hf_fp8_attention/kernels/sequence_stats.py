@@ -16,10 +16,13 @@ per (sequence, head), what :class:`StatsNeed` asks for:
 Launch 1 (:func:`_partials_kernel`) reduces chunks of ``CHUNK`` tokens to four vectors (max and min of
 the rotated rows, amax and sum of the raw rows); launch 2 (:func:`_finish_kernel`) folds each
 sequence's chunks in order. Two operands of one shape share both launches (grid axis 2), as in the
-quantization kernel. No atomics: the statistics, and so the codes, are the same on every call (the
-backward re-quantizes Q and K exactly as the forward did). Statistics nobody asked for are not
-computed (their vectors hold the reduction's identity, and the outputs built from them are
-meaningless).
+quantization kernel. With :data:`FOLD_IN_PARTIALS` the first launch does both: each program counts
+its chunk done on an atomic counter per (sequence, head, operand), and the program that finishes a
+sequence's last chunk folds all of its chunks, in order, as launch 2 would (one launch fewer per
+call, and no second kernel to wait for). Either way the fold's order is fixed, so the statistics,
+and so the codes, are the same on every call (the backward re-quantizes Q and K exactly as the
+forward did). Statistics nobody asked for are not computed (their vectors hold the reduction's
+identity, and the outputs built from them are meaningless).
 """
 from __future__ import annotations
 
@@ -51,13 +54,18 @@ PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
 # many elements per thread as at 128); the rotating launch on 4 warps (its Hadamard matrix, 128 KB
-# in bf16, sits in shared memory: 32-token slices on 2 warps spilled); the finishing launch holds
-# that matrix in fp32 registers for μH, 256 per thread on 4 warps, so 16 warps
-# (benchmarks/results/cpu_kernel_resources.txt).
+# in bf16, sits in shared memory: 32-token slices on 2 warps spilled). The finishing launch keeps
+# FINISH_WARPS: it forms μH a slice of MEAN_COLS at a time (32 registers at either head dim,
+# benchmarks/results/cpu_kernel_resources_fold_stats.txt).
 SUB_CHUNK_D256 = 16
 ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False, "stages": None,
                          "maxnreg": None}  # not measured
-FINISH_WARPS_D256 = 16
+# Output channels per step of the rotated mean μH (:func:`_rotated_mean`): a (DP, 16) slice of the
+# matrix in registers instead of all of it (the whole fp32 matrix took 256 registers per thread at
+# head dim 256 on 4 warps), so the fold fits the partials launch's registers.
+MEAN_COLS = 16
+# The fold in the partials launch (module docstring); off: the separate finishing launch.
+FOLD_IN_PARTIALS = False
 
 
 @triton.jit
@@ -156,13 +164,17 @@ def _partials_kernel(
     x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr,
     part_ptr,  # (2, n_slots, B·H, 4, BLOCK_D) fp32
     cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
+    count_ptr, x_out_ptr, y_out_ptr, N_SH,  # FOLD: counters (2, N_SH) int32 zeros; outputs as in _finish_kernel
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
+    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
 ):
     # (SUM is also "a shift will be subtracted": the shift is the mean, see _finish_write.)
-    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y)."""
+    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y). FOLD:
+    the program that completes a sequence's chunks also folds them (module docstring); the MEAN
+    flags are :func:`_finish_kernel`'s ROTATE and its COLS."""
     chunk = tl.program_id(0)
     bh = tl.program_id(1)
     op = tl.program_id(2)
@@ -170,6 +182,11 @@ def _partials_kernel(
     h = bh % H
     start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
     if chunk * CHUNK >= length:
+        if FOLD:
+            if chunk == 0:  # an empty sequence: no chunk to wait for, its statistics are zeros
+                _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot, bb, H, N_BH,
+                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM,
+                               MEAN_COLS)
         return
     bb = bb.to(tl.int64)
     out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D
@@ -179,6 +196,15 @@ def _partials_kernel(
     else:
         _partials_tile(y_ptr + bb * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D,
                        CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
+    if FOLD:
+        # Every thread's partial stored before one thread counts the chunk done; the counter's
+        # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
+        # counts last, which folds them.
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="acq_rel", scope="gpu")
+        if done == tl.cdiv(length, CHUNK) - 1:
+            _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot - chunk, bb, H, N_BH,
+                           N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
 
 
 @triton.jit
@@ -187,6 +213,7 @@ def _finish_kernel(
     cu_ptr, chunk_off_ptr, H, S, N_BH, N_SLOTS, N_SH,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr, Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr,
+    MEAN_COLS: tl.constexpr,
 ):
     """One program per (sequence, head, operand): fold the sequence's chunks in order and write its
     statistics (module docstring). An empty sequence gets zeros."""
@@ -194,6 +221,17 @@ def _finish_kernel(
     h = tl.program_id(1)
     op = tl.program_id(2)
     _, length, slot0, bb = block_of_sequence(seq, 0, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
+    _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
+                   CHUNK, BLOCK_D, X_ROTATE, X_SMOOTH, Y_ROTATE, Y_SMOOTH, MEAN_COLS)
+
+
+@triton.jit
+def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
+                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr,
+                   Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr):
+    """Fold the partials of (sequence ``seq``, head ``h``, operand ``op``), chunks in order from
+    slot ``slot0`` of batch row ``bb``, and write its statistics. Loads bypass L1 (``.cg``): in the
+    partials launch other programs wrote them."""
     bh = bb * H + h
     offs_d = tl.arange(0, BLOCK_D)
     hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
@@ -202,29 +240,41 @@ def _finish_kernel(
     total = tl.zeros([BLOCK_D], tl.float32)
     for c in range(0, tl.cdiv(length, CHUNK)):
         base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
-        hi = max_nan(hi, tl.load(base))
-        lo = min_nan(lo, tl.load(base + BLOCK_D))
-        amax = max_nan(amax, tl.load(base + 2 * BLOCK_D))
-        total += tl.load(base + 3 * BLOCK_D)
+        hi = max_nan(hi, tl.load(base, cache_modifier=".cg"))
+        lo = min_nan(lo, tl.load(base + BLOCK_D, cache_modifier=".cg"))
+        amax = max_nan(amax, tl.load(base + 2 * BLOCK_D, cache_modifier=".cg"))
+        total += tl.load(base + 3 * BLOCK_D, cache_modifier=".cg")
     sh = (seq * H + h).to(tl.int64)
     if op == 0:
-        _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, N_SH, BLOCK_D, X_ROTATE, X_SMOOTH)
+        _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, N_SH, BLOCK_D, X_ROTATE, X_SMOOTH, MEAN_COLS)
     else:
-        _finish_write(hi, lo, amax, total, length, h_ptr, y_out_ptr, sh, N_SH, BLOCK_D, Y_ROTATE, Y_SMOOTH)
+        _finish_write(hi, lo, amax, total, length, h_ptr, y_out_ptr, sh, N_SH, BLOCK_D, Y_ROTATE, Y_SMOOTH, MEAN_COLS)
+
+
+@triton.jit
+def _rotated_mean(mean, h_ptr, out, BLOCK_D: tl.constexpr, COLS: tl.constexpr):
+    """μH ``(BLOCK_D,)`` fp32 of ``mean (BLOCK_D,)``, as broadcast sums over COLS output channels at a
+    time (a (BLOCK_D, COLS) slice of the matrix in registers), each slice stored to ``out`` and the
+    whole vector read back (after a barrier: other threads wrote parts of it)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    for c in tl.static_range(0, BLOCK_D, COLS):
+        cols = c + tl.arange(0, COLS)
+        hm = tl.load(h_ptr + offs_d[:, None] * BLOCK_D + cols[None, :]).to(tl.float32)
+        tl.store(out + cols, tl.sum(mean[:, None] * hm, 0))
+    tl.debug_barrier()
+    return tl.load(out + offs_d)
 
 
 @triton.jit
 def _finish_write(hi, lo, amax, total, length, h_ptr, out, sh, N_SH, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
-                  SMOOTH: tl.constexpr):
+                  SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr):
     """One operand's shift, col_amax and row_amax of (sequence, head) ``sh`` from its folded vectors."""
     offs_d = tl.arange(0, BLOCK_D)
     shift = tl.zeros([BLOCK_D], tl.float32)
     if SMOOTH:
         mean = total / tl.maximum(length, 1).to(tl.float32)
         if ROTATE:
-            # μH as a broadcast sum: one (BLOCK_D,) vector times the matrix, fp32 throughout.
-            hm = tl.load(h_ptr + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
-            shift = tl.sum(mean[:, None] * hm, 0)
+            shift = _rotated_mean(mean, h_ptr, out + sh * BLOCK_D, BLOCK_D, MEAN_COLS)
         else:
             shift = mean
     ext = max_nan(hi - shift, shift - lo)
@@ -310,19 +360,25 @@ def sequence_stats(
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
         stages = maxnreg = None
-    if max_len > 0:
+    fold = FOLD_IN_PARTIALS
+    mean_flags = dict(X_MEAN_ROTATE=needs[0].rotate, Y_MEAN_ROTATE=ny.rotate, MEAN_COLS=MEAN_COLS)
+    if fold or max_len > 0:
+        # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
+        counts = torch.zeros(len(xs), n_sh, dtype=torch.int32, device=dev) if fold else x
         launch_kernel(
-            _partials_kernel, (cdiv(max_len, CHUNK), n_seq * heads, len(xs)),
+            _partials_kernel, (max(cdiv(max_len, CHUNK), 1), n_seq * heads, len(xs)),
             x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
+            counts, outs[0], outs[-1], n_sh,
             CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, STAGES=stages, **flags, num_warps=warps,
-            maxnreg=maxnreg, **COMPILE_OPTIONS,
+            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, STAGES=stages, **flags, FOLD=fold, **mean_flags,
+            num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS,
         )
-    launch_kernel(
-        _finish_kernel, (n_seq, heads, len(xs)),
-        part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
-        CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
-        Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, num_warps=FINISH_WARPS_D256 if wide else FINISH_WARPS,
-        **COMPILE_OPTIONS,
-    )
+    if not fold:
+        launch_kernel(
+            _finish_kernel, (n_seq, heads, len(xs)),
+            part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
+            CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
+            Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
+            num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
+        )
     return results

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU job for the sequence statistics folded in their partials launch
+# (kernels.sequence_stats.FOLD_IN_PARTIALS): its GPU test (against the finishing launch, repeated
+# calls), the recipe tests with the fold on, then fold off / on alternated: per-kernel GPU time and
+# the whole call's wall time at the SmolLM2 (host-bound) and 0.89B Llama attention shapes
+# (recipe_cost.py --kernels), and fwd+bwd of the op grid's d = 128 shapes beside SDPA. About 7
+# minutes cold. Logs and results go to $OUT (default /tmp/gpu_fold_stats_out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_fold_stats_out}
+# shellcheck source=benchmarks/gpu_env.sh
+source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST, gpu_pytest
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+gpu_pytest "$OUT/pytest_stats_fold.log" 120 tests/gpu/test_sequence_stats_fold.py
+# The recipe tests in one process with the switch on (every statistics launch in it folds).
+# shellcheck disable=SC2086
+FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" timeout -s INT 150 python -c "
+import sys, pytest
+from hf_fp8_attention.kernels import sequence_stats
+sequence_stats.FOLD_IN_PARTIALS = True
+sys.exit(pytest.main(sys.argv[1:]))" -v -m gpu -rs -p pytest_gpu_resume tests/gpu/test_recipes_kernel.py -k "not d256" 2>&1 \
+  | tee "$OUT/pytest_recipes_fold_on.log" | grep -E "FAILED|ERROR|passed|failed"
+for round in 1 2; do
+  for fold in 0 1; do
+    log="$OUT/smollm2_kernels_s2048_fold${fold}_r$round.log"
+    timeout 60 python benchmarks/recipe_cost.py --batch 1 --heads 9 --kv-heads 3 --dim 64 --seq 2048 --causal 1 \
+      --kernels fp8_delta,fast --fold-stats "$fold" > "$log" 2>&1
+    grep -E "fwd\+bwd( wall|:)" "$log" | sed "s/^/fold=$fold round $round: /"
+  done
+done
+for fold in 0 1; do
+  log="$OUT/llama_kernels_s8192_fold$fold.log"
+  timeout 60 python benchmarks/recipe_cost.py --batch 1 --heads 16 --kv-heads 8 --dim 128 --seq 8192 --causal 1 \
+    --kernels fp8_delta,fast --fold-stats "$fold" > "$log" 2>&1
+  grep -E "fwd\+bwd( wall|:)|_partials|_finish" "$log" | sed "s/^/fold=$fold: /"
+done
+for fold in 0 1; do
+  timeout 130 python benchmarks/bench_attention.py --seqlens 8192,16384 --heads 16 --dims 128 --modes fwdbwd \
+    --configs fp8_delta,fp8_delta_fast --passes 2 --fold-stats "$fold" --out-dir "$OUT" --tag "fold_stats$fold" 2>&1 \
+    | tail -12
+done

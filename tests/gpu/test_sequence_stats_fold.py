@@ -1,0 +1,79 @@
+"""The sequence statistics folded in their partials launch (``sequence_stats.FOLD_IN_PARTIALS``) against
+the separate finishing launch, on the GPU: there the programs of one sequence run concurrently, and
+the fold depends on the counter's acquire-release making every chunk's partial visible to the
+program that counts last (the interpreter runs programs one after another, so it cannot test that).
+
+Per shape (dense and packed, empty sequences included, long sequences of many chunks, head dims 64 /
+96 / 128 / 256), both operands of a launch, every statistic:
+
+- the column amax equals the finishing launch's bit for bit (a max does not depend on order);
+- the shift (the rotated mean μH, its ±1 matrix making each term ±μ_i) within twice the
+  recursive-summation bound of one sum of ``DP`` terms, ``2 (DP - 1) u Σ|μ_i|`` with u = 2^-24: both
+  launches fold the same partials in the same order, so μ is the same, but they run the sum on
+  different warp counts and may associate it differently; the row amax (a max over channels of
+  |extreme − shift|) within that bound plus two roundings of the result;
+- repeated calls give the same bits (a missed partial, read before its program stored it, would
+  change them from call to call).
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+pytest.importorskip("triton")
+sequence_stats_module = pytest.importorskip("hf_fp8_attention.kernels.sequence_stats")
+StatsNeed, sequence_stats = sequence_stats_module.StatsNeed, sequence_stats_module.sequence_stats
+
+# name -> (batch, heads, tokens, head dim, cu_seqlens or None)
+SHAPES = {
+    "dense_d128_8k": (2, 8, 8192, 128, None),
+    "dense_d64_16k": (1, 9, 16384, 64, None),
+    "dense_d256_2k": (2, 4, 2048, 256, None),
+    "packed_d96_empty": (1, 6, 5000, 96, [0, 0, 1, 257, 257, 3000, 5000, 5000]),
+    "packed_d128_long": (1, 4, 20000, 128, [0, 300, 20000]),
+}
+NEEDS = (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True),  # K in the v2 recipes
+         StatsNeed(rotate=True, row_amax=True, col_amax=True))  # V with the fast recipe's per-head scale
+REPEATS = 20
+
+
+def _stats(xs, cu, fold: bool, monkeypatch):
+    monkeypatch.setattr(sequence_stats_module, "FOLD_IN_PARTIALS", fold)
+    out = sequence_stats(xs, NEEDS, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    return [tuple(t.clone() for t in st) for st in out]
+
+
+def _channel_mean(x, cu):
+    """Each (sequence, head)'s channel mean ``(n_seq, H, D)`` in float64 (zeros for an empty one)."""
+    if cu is None:
+        return x.double().mean(2)
+    bounds = cu.tolist()
+    return torch.stack([x[0, :, lo:hi].double().sum(1) / max(hi - lo, 1) for lo, hi in zip(bounds, bounds[1:])])
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_folded_statistics_equal_the_finishing_launch(name, monkeypatch):
+    b, h, s, d, cu = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    # A channel mean far from zero (what K-smoothing removes) and outliers in a few channels.
+    k = (torch.randn(b, h, s, d, device="cuda", generator=gen) * torch.logspace(-1, 1, d, device="cuda") + 2)
+    v = torch.randn(b, h, s, d, device="cuda", generator=gen) * 3
+    xs = (k.bfloat16(), v.bfloat16())
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
+    want = _stats(xs, cu, False, monkeypatch)
+    got = _stats(xs, cu, True, monkeypatch)
+    dp = want[0][0].shape[-1]
+    u = 2.0**-24
+    for op, (w, g) in enumerate(zip(want, got)):
+        shift_w, row_w, col_w = w
+        shift_g, row_g, col_g = g
+        assert torch.equal(col_g, col_w), f"operand {op}: column amax differs"
+        mean_abs_sum = _channel_mean(xs[op], cu).abs().sum(-1)  # (n_seq, H)
+        bound = 2 * (dp - 1) * u * mean_abs_sum.float()
+        assert ((shift_g - shift_w).abs() <= bound[..., None]).all(), f"operand {op}: shift beyond the bound"
+        assert ((row_g - row_w).abs() <= bound + 2 * u * row_w.abs()).all(), f"operand {op}: row amax"
+    for _ in range(REPEATS):
+        again = _stats(xs, cu, True, monkeypatch)
+        for g, a in zip(got, again):
+            assert all(torch.equal(x, y) for x, y in zip(g, a)), "the folded statistics changed between calls"
