@@ -14,14 +14,8 @@ source benchmarks/gpu_env.sh  # $OUT, PYTHONPATH, $XDIST, gpu_pytest
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 gpu_pytest "$OUT/pytest_stats_fold.log" 120 tests/gpu/test_sequence_stats_fold.py
-# The recipe tests in one process with the switch on (every statistics launch in it folds).
-# shellcheck disable=SC2086
-FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" timeout -s INT 150 python -c "
-import sys, pytest
-from hf_fp8_attention.kernels import sequence_stats
-sequence_stats.FOLD_IN_PARTIALS = True
-sys.exit(pytest.main(sys.argv[1:]))" -v -m gpu -rs -p pytest_gpu_resume tests/gpu/test_recipes_kernel.py -k "not d256" 2>&1 \
-  | tee "$OUT/pytest_recipes_fold_on.log" | grep -E "FAILED|ERROR|passed|failed"
+# The recipe tests with the fold on (the default; benchmarks/pytest_fold_stats.py sets it in every worker).
+gpu_pytest "$OUT/pytest_recipes_fold_on.log" 150 -p pytest_fold_stats tests/gpu/test_recipes_kernel.py
 for round in 1 2; do
   for fold in 0 1; do
     log="$OUT/smollm2_kernels_s2048_fold${fold}_r$round.log"

@@ -371,7 +371,10 @@ def _fwd_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if FMA_BOUND > 0.0:  # the FMA form's l counts p relative to its rounded r·q2 − log2 448
         log2_l = tl.math.log2(tl.where(empty, 1.0, l_i))
-        lse2 = tl.where(fma, (r_i * q_scale2 - LOG2_PMAX) + log2_l, r_i * q_scale2 + log2_l - LOG2_PMAX)
+        # The exact form's r·q2 rounded by itself, as the switch-off kernel computes it (its product
+        # sits in another block than the add); contracted here, the exact fallback's LSE differed.
+        exact = mul_rounded(r_i, q_scale2, INTERPRET) + log2_l - LOG2_PMAX
+        lse2 = tl.where(fma, (r_i * q_scale2 - LOG2_PMAX) + log2_l, exact)
         lse = tl.where(empty, float("-inf"), lse2 * 0.6931471805599453)
     else:
         lse = tl.where(empty, float("-inf"),

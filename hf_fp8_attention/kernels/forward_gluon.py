@@ -45,8 +45,8 @@ from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_r
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, query_block, query_side_producer, ring_barriers, warpgroup_mma,
-        warpgroup_mma_wait,
+        a_operand_layout, gl, mbarrier, mma_layout, mul_rn, query_block, query_side_producer, ring_barriers,
+        warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -286,7 +286,11 @@ if gluon is not None:
         out = acc / gl.expand_dims(l_o, 1)
         if FMA_BOUND > 0.0:  # the FMA form's l counts p relative to its rounded r·q2 − log2 448
             log2_l = gl.log2(gl.where(empty_row, 1.0, l_i))
-            lse2 = gl.where(fma, (r_i * q2 - LOG2_PMAX) + log2_l, r_i * q2 + log2_l - LOG2_PMAX)
+            # The exact form's r·q2 rounded by itself, as the switch-off kernel computes it (its
+            # product sits in another block than the add); contracted here, the exact fallback's LSE
+            # differed from it.
+            exact = mul_rn(r_i, q2) + log2_l - LOG2_PMAX
+            lse2 = gl.where(fma, (r_i * q2 - LOG2_PMAX) + log2_l, exact)
             lse = gl.where(empty_row, float("-inf"), lse2 * 0.6931471805599453)
         else:
             lse = gl.where(empty_row, float("-inf"),

@@ -165,6 +165,13 @@ if gluon is not None:
         return gl.where(amax == 0.0, 1.0, scale)
 
     @gluon.jit
+    def mul_rn(a, b):
+        """``a · b`` (fp32) rounded by itself (PTX ``mul.rn``, never contracted into an FMA), as
+        quantize.mul_rounded in Triton kernels."""
+        return gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=gl.float32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
     def ds_head_scale(DS_BOUND, head, POW2: gl.constexpr):
         """dS's one scale of query head ``head`` (sequence · H + head index) from its fp32 bound's
         bits, as backward_fp8.ds_head_scale."""

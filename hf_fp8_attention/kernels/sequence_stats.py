@@ -65,8 +65,9 @@ ROTATED_PARTIALS_D256 = {"sub": 16, "num_warps": 4, "elementwise": False, "stage
 # matrix in registers instead of all of it (the whole fp32 matrix took 256 registers per thread at
 # head dim 256 on 4 warps), so the fold fits the partials launch's registers.
 MEAN_COLS = 16
-# The fold in the partials launch (module docstring); off: the separate finishing launch.
-FOLD_IN_PARTIALS = False
+# The fold in the partials launch (module docstring); off: the separate finishing launch. Same GPU
+# time within ±1%, one Triton launch fewer per pair (benchmarks/NOTES.md, "Host time").
+FOLD_IN_PARTIALS = True
 
 
 @triton.jit
