@@ -1,8 +1,8 @@
 """Per-(sequence, head) statistics of one or two attention operands, for the recipe's
 sequence-wide scales and the QKᵀ transforms (docs/design.md, "Recipes").
 
-For ``x (B, H, S, D)`` (varlen: ``B == 1`` and cu_seqlens delimit the sequences) two launches give,
-per (sequence, head), what :class:`StatsNeed` asks for:
+For ``x (B, H, S, D)`` (varlen: ``B == 1`` and cu_seqlens delimit the sequences) one launch (two
+with :data:`FOLD_IN_PARTIALS` off) gives, per (sequence, head), what :class:`StatsNeed` asks for:
 
 - ``col_amax (n_seq, H, DP)``: max over the sequence's tokens of |x| per channel (the channel-wise
   scales of the token contractions, granularity ``channel``; its max over channels for ``head``);
@@ -13,13 +13,12 @@ per (sequence, head), what :class:`StatsNeed` asks for:
   ``max_c max(max_t (xH)_tc − shift_c, shift_c − min_t (xH)_tc)`` (subtracting one number is
   monotonic in fp32, so this equals the amax of the values the quantization kernel forms).
 
-Launch 1 (:func:`_partials_kernel`) reduces chunks of ``CHUNK`` tokens to four vectors (max and min of
-the rotated rows, amax and sum of the raw rows); launch 2 (:func:`_finish_kernel`) folds each
-sequence's chunks in order. Two operands of one shape share both launches (grid axis 2), as in the
-quantization kernel. With :data:`FOLD_IN_PARTIALS` the first launch does both: each program counts
-its chunk done on an atomic counter per (sequence, head, operand), and the program that finishes a
-sequence's last chunk folds all of its chunks, in order, as launch 2 would (one launch fewer per
-call, and no second kernel to wait for). Either way the fold's order is fixed, so the statistics,
+:func:`_partials_kernel` reduces chunks of ``CHUNK`` tokens to four vectors (max and min of the
+rotated rows, amax and sum of the raw rows); each program then counts its chunk done on an atomic
+counter per (sequence, head, operand), and the program that counts last folds all of the sequence's
+chunks in order (:func:`_fold_sequence`). With :data:`FOLD_IN_PARTIALS` off a second launch,
+:func:`_finish_kernel`, folds instead. Two operands of one shape share the launches (grid axis 2),
+as in the quantization kernel. Either way the fold's order is fixed, so the statistics,
 and so the codes, are the same on every call (the backward re-quantizes Q and K exactly as the
 forward did). Statistics nobody asked for are not computed (their vectors hold the reduction's
 identity, and the outputs built from them are meaningless).
