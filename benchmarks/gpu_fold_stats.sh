@@ -16,20 +16,23 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 gpu_pytest "$OUT/pytest_stats_fold.log" 120 tests/gpu/test_sequence_stats_fold.py
 # The recipe tests with the fold on (the default; benchmarks/pytest_fold_stats.py sets it in every worker).
 gpu_pytest "$OUT/pytest_recipes_fold_on.log" 150 -p pytest_fold_stats tests/gpu/test_recipes_kernel.py
-for round in 1 2; do
-  for fold in 0 1; do
-    log="$OUT/smollm2_kernels_s2048_fold${fold}_r$round.log"
-    timeout 60 python benchmarks/recipe_cost.py --batch 1 --heads 9 --kv-heads 3 --dim 64 --seq 2048 --causal 1 \
-      --kernels fp8_delta,fast --fold-stats "$fold" > "$log" 2>&1
-    grep -E "fwd\+bwd( wall|:)" "$log" | sed "s/^/fold=$fold round $round: /"
+# kernels_ab NAME ROUNDS RECIPE_COST_ARGS...: recipe_cost.py --kernels with the fold off and on,
+# alternated ROUNDS times; logs $OUT/NAME_fold{0,1}_r{round}.log, the totals (and the statistics
+# launches) on stdout.
+kernels_ab() {
+  local name=$1 rounds=$2 round fold log
+  shift 2
+  for round in $(seq "$rounds"); do
+    for fold in 0 1; do
+      log="$OUT/${name}_fold${fold}_r$round.log"
+      timeout 60 python benchmarks/recipe_cost.py "$@" --causal 1 --kernels fp8_delta,fast --fold-stats "$fold" \
+        > "$log" 2>&1
+      grep -E "fwd\+bwd( wall|:)|_partials|_finish" "$log" | sed "s/^/fold=$fold round $round: /"
+    done
   done
-done
-for fold in 0 1; do
-  log="$OUT/llama_kernels_s8192_fold$fold.log"
-  timeout 60 python benchmarks/recipe_cost.py --batch 1 --heads 16 --kv-heads 8 --dim 128 --seq 8192 --causal 1 \
-    --kernels fp8_delta,fast --fold-stats "$fold" > "$log" 2>&1
-  grep -E "fwd\+bwd( wall|:)|_partials|_finish" "$log" | sed "s/^/fold=$fold: /"
-done
+}
+kernels_ab smollm2_kernels_s2048 2 --batch 1 --heads 9 --kv-heads 3 --dim 64 --seq 2048
+kernels_ab llama_kernels_s8192 1 --batch 1 --heads 16 --kv-heads 8 --dim 128 --seq 8192
 [ "${SKIP_BENCH:-0}" = "1" ] && exit 0
 for fold in 0 1; do
   timeout 130 python benchmarks/bench_attention.py --seqlens 8192,16384 --heads 16 --dims 128 --modes fwdbwd \

@@ -57,7 +57,6 @@ formed afterwards from the per-row LSE' and D the kernels wrote.
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -76,7 +75,7 @@ from .logit_mods import LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import (
     backward_block_free, backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, tile_recipe,
 )
-from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands
+from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands, scratch_empty
 from .tiles import cdiv, check_compiled_blocks
 
 logger = logging.getLogger(__name__)
@@ -266,7 +265,7 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
         # statistics pass before any launch reads them; rows outside all sequences are never read.
         # Under the interpreter (the CPU tests) they start as NaN, so a row read before it is
         # written shows.
-        scratch = functools.partial(torch.full, fill_value=float("nan")) if interpreting() else torch.empty
+        scratch = scratch_empty()
         lse2 = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
         delta = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)
         lse2do = scratch((b * hq, sq_total), dtype=torch.float32, device=dev)

@@ -87,6 +87,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def scratch_empty():
+    """``torch.empty`` for buffers the kernels write before anything reads them; under the
+    interpreter (the CPU tests) ``torch.full`` with NaN instead, so that a value read before it is
+    written, or never written, shows."""
+    return functools.partial(torch.full, fill_value=float("nan")) if interpreting() else torch.empty
+
+
 # The Triton interpreter runs a ``tl.reduce`` with a combine function element by element in Python
 # (hundreds of thousands of calls in one small quantization launch: most of the CPU test suite's
 # interpreter time). Under the interpreter the NaN-keeping reductions below use ``tl.max`` /

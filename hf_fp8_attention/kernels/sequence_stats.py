@@ -25,7 +25,6 @@ identity, and the outputs built from them are meaningless).
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -33,8 +32,8 @@ import triton
 import triton.language as tl
 
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, interpreting, load_hadamard, max_nan, min_nan,
-    padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand,
+    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, min_nan,
+    padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand, scratch_empty,
 )
 from .launch import launch as launch_kernel
 from .tiles import block_of_sequence, cdiv, sequence_block_offsets
@@ -336,9 +335,8 @@ def sequence_stats(
     h = rotation_operand(x) if any(n.rotate for n in needs) else x
     part = torch.empty(len(xs), n_slots, bsz * heads, 4, dp, dtype=torch.float32, device=dev)
     n_sh = n_seq * heads
-    # One buffer per operand: shift, col_amax, row_amax back to back (contiguous views). NaN under the
-    # interpreter, so that a statistic no program writes shows in the tests.
-    alloc = functools.partial(torch.full, fill_value=float("nan")) if interpreting() else torch.empty
+    # One buffer per operand: shift, col_amax, row_amax back to back (contiguous views).
+    alloc = scratch_empty()
     outs = [alloc((n_sh * (2 * dp + 1),), dtype=torch.float32, device=dev) for _ in xs]
     results = tuple(SequenceStats(o[:n_sh * dp].view(n_seq, heads, dp), o[2 * n_sh * dp:].view(n_seq, heads),
                                   o[n_sh * dp:2 * n_sh * dp].view(n_seq, heads, dp)) for o in outs)
