@@ -1,0 +1,82 @@
+"""``benchmarks/step_profile.py``'s trace arithmetic, without a GPU: which kernels count as the
+package's attention, the GPU's busy time as a union of intervals, the idle time and the table."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import step_profile  # noqa: E402
+
+
+def _event(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_package_kernel_names_hold_every_launched_kernel():
+    names = step_profile.package_kernel_names()
+    launched = {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_stats_kernel", "_partials_kernel",
+                "quantize_kernel", "bwd_dq_fp8_kernel", "bwd_dkdv_fp8_kernel"}
+    assert launched <= names
+    assert "triton_poi_fused_add_0" not in names  # an inductor kernel is not the package's
+
+
+@pytest.mark.parametrize("name, cat, expected", [
+    ("_fwd_kernel", "kernel", "attention (package)"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>", "kernel", "attention (sdpa)"),
+    ("cudnn_generated_fort_native_sdpa_sm90_knob_7", "kernel", "attention (sdpa)"),
+    ("nvjet_tst_192x192_64x4_1x2_h_bz_coopB_TNT", "kernel", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "kernel", "gemm"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "kernel",
+     "optimizer"),
+    ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", "kernel", "other"),
+    ("Memset (Device)", "gpu_memset", "memcpy / memset"),
+])
+def test_categorize(name, cat, expected):
+    assert step_profile.categorize(name, cat, frozenset({"_fwd_kernel"})) == expected
+
+
+def test_busy_time_is_the_union_of_overlapping_intervals():
+    events = [_event("a", 0, 10), _event("b", 5, 10), _event("c", 20, 5), _event("d", 21, 2)]
+    assert step_profile.busy_us(events) == 15 + 5
+
+
+def test_summary_per_step_and_idle_time():
+    trace = {"traceEvents": [
+        _event("_fwd_kernel", 0, 40), _event("nvjet_gemm", 50, 30), _event("Memset", 80, 5, cat="gpu_memset"),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000},  # host events are left out
+        _event("_fwd_kernel", 100, 40), _event("elementwise_kernel", 150, 50),
+    ]}
+    got = step_profile.summarize(step_profile.gpu_events(trace), steps=2, package=frozenset({"_fwd_kernel"}))
+    assert got["wall_us"] == 100.0
+    cats = got["categories"]
+    assert cats["attention (package)"] == 40 and cats["gemm"] == 15 and cats["memcpy / memset"] == 2.5
+    assert cats["other"] == 25
+    assert cats["idle"] == pytest.approx(100 - 165 / 2)  # 200 µs of window, 165 busy, over 2 steps
+    assert got["kernels"]["_fwd_kernel"] == ["attention (package)", 40.0]
+
+
+def test_summary_of_a_trace_without_gpu_events_says_so():
+    with pytest.raises(ValueError, match="no GPU events"):
+        step_profile.summarize([], steps=1, package=frozenset())
+
+
+def test_table_gives_differences_to_sdpa():
+    def result(attn_us, copy_us):
+        kernels = {"flash_fwd" if attn_us == 100 else "_fwd_kernel": ["attention (sdpa)" if attn_us == 100
+                                                                      else "attention (package)", attn_us],
+                   "direct_copy_kernel": ["other", copy_us]}
+        cats = dict.fromkeys(step_profile.CATEGORIES, 0.0)
+        cats.update({"attention (sdpa)" if attn_us == 100 else "attention (package)": attn_us, "other": copy_us})
+        return {"wall_us": attn_us + copy_us, "host_ms": (attn_us + copy_us) / 1e3, "categories": cats,
+                "kernels": kernels}
+
+    args = argparse.Namespace(model="llama0.9b", context=8192, steps=2, diff_us=50.0)
+    text = step_profile.render({"gpu": "test"}, args, {"sdpa": result(100, 0), "fp8_delta": result(90, 200)})
+    assert "| other | 0.00 | 0.20 | +0.20 |" in text
+    assert "- +200 µs (other) `direct_copy_kernel`" in text
+    assert "- 90 `_fwd_kernel`" in text
