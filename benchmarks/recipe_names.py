@@ -87,7 +87,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 
 # The options of add_schedule_options, as the scripts' result headers name them.
-SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent`, `--fold-stats`"
+SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`"
 
 
 def add_schedule_options(parser) -> None:
@@ -100,7 +100,8 @@ def add_schedule_options(parser) -> None:
       (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other);
     - ``--chunk-by-size``: the FP8 backward in chunks wherever the call is large, whatever the memory
       peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule;
-    - ``--fma-exponent``: the forwards' one-FMA exponent (``kernels.exponent.FMA_EXPONENT``);
+    - ``--fma-exponent [0|1]``: the forwards' one-FMA exponent on (bare flag or 1) or off (0)
+      (``kernels.exponent.FMA_EXPONENT``);
     - ``--fold-stats 0|1``: the sequence statistics folded in their partials launch, or in a launch
       of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
@@ -111,8 +112,9 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--chunk-by-size", action="store_true",
                         help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
                              "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
-    parser.add_argument("--fma-exponent", action="store_true",
-                        help="the forwards' one-FMA exponent where its bound allows (kernels.exponent.FMA_EXPONENT)")
+    parser.add_argument("--fma-exponent", type=int, choices=(0, 1), nargs="?", const=1, default=None,
+                        help="1 (or the bare flag): the forwards' one-FMA exponent where its bound allows; 0: the "
+                             "exact form everywhere (kernels.exponent.FMA_EXPONENT)")
     parser.add_argument("--fold-stats", type=int, choices=(0, 1), default=None,
                         help="1: the sequence statistics folded in their partials launch; 0: a launch of their own "
                              "(kernels.sequence_stats.FOLD_IN_PARTIALS)")
@@ -136,9 +138,9 @@ def apply_schedule_options(parser, args) -> str:
     if args.chunk_by_size:
         backward.LAUNCH["backward_chunks_below_peak"] = False
         notes.append("backward_chunks_below_peak=False")
-    if args.fma_exponent:
-        exponent.FMA_EXPONENT = True
-        notes.append("FMA_EXPONENT=True")
+    if args.fma_exponent is not None:
+        exponent.FMA_EXPONENT = bool(args.fma_exponent)
+        notes.append(f"FMA_EXPONENT={bool(args.fma_exponent)}")
     if args.fold_stats is not None:
         sequence_stats.FOLD_IN_PARTIALS = bool(args.fold_stats)
         notes.append(f"FOLD_IN_PARTIALS={bool(args.fold_stats)}")

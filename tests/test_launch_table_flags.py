@@ -106,6 +106,9 @@ def test_bench_attention_fma_exponent_sets_the_switch(monkeypatch):
     args = bench_attention.parse_args(["--fma-exponent", "--modes", "fwd"])
     assert exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=True"
     assert exponent.fma_bound() == exponent.FMA_EXPONENT_BOUND
+    args = bench_attention.parse_args(["--fma-exponent", "0", "--modes", "fwd"])
+    assert not exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=False"
+    assert exponent.fma_bound() == 0.0
 
 
 def test_bench_attention_fold_stats_sets_the_switch(monkeypatch):
