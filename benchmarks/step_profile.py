@@ -12,7 +12,8 @@ time inside the step.
 - ``memcpy / memset`` and ``other`` (elementwise, reductions, copies: a layout copy that one
   backend needs and the other not shows here);
 - ``idle``: the step's wall time (first kernel start to last kernel end) minus the union of its
-  kernels' intervals: where the GPU waits for the host.
+  kernels' intervals: where the GPU waits for the host. Each idle interval is also charged to the
+  kind of the kernel that ends it, and the largest are listed with their neighbours.
 
 Then the kernels outside attention whose time per step differs from sdpa's by more than
 ``--diff-us``. Kineto records CUDA activity only, so the host's per-launch overhead grows little.
@@ -87,9 +88,27 @@ def busy_us(events: list[dict]) -> float:
     return total
 
 
+def idle_gaps(events: list[dict], package: frozenset[str], top: int = 8) -> tuple[dict[str, float], list[list]]:
+    """The GPU's idle intervals, each charged to the kind of the kernel that ends it (what the GPU
+    waited for the host to issue): (µs by category, the ``top`` largest gaps as [µs, kernel before,
+    kernel after])."""
+    by_next: dict[str, float] = defaultdict(float)
+    gaps = []
+    ordered = sorted(events, key=lambda e: e["ts"])
+    end, before = ordered[0]["ts"] + ordered[0]["dur"], ordered[0]["name"]
+    for e in ordered[1:]:
+        if e["ts"] > end:
+            by_next[categorize(e["name"], e["cat"], package)] += e["ts"] - end
+            gaps.append([e["ts"] - end, before, e["name"]])
+        if e["ts"] + e["dur"] >= end:
+            end, before = e["ts"] + e["dur"], e["name"]
+    return dict(by_next), sorted(gaps, reverse=True)[:top]
+
+
 def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
-    """Per step: µs by category (``idle`` included), ``wall_us``, and µs per kernel name
-    (``kernels``: name -> [category, µs])."""
+    """Per step: µs by category (``idle`` included), ``wall_us``, µs per kernel name
+    (``kernels``: name -> [category, µs]), the idle time by the kind of kernel that ends each idle
+    interval (``idle_before``) and the largest idle intervals of the whole trace (``gaps``, µs)."""
     if not events:
         raise ValueError("the trace holds no GPU events: was the step run on a GPU under the profiler?")
     by_cat: dict[str, float] = defaultdict(float)
@@ -100,7 +119,9 @@ def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
         by_name.setdefault(e["name"], [cat, 0.0])[1] += e["dur"] / steps
     wall = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / steps
     by_cat["idle"] = wall - busy_us(events) / steps
-    return {"wall_us": wall, "categories": {c: by_cat.get(c, 0.0) for c in CATEGORIES}, "kernels": by_name}
+    idle_before, gaps = idle_gaps(events, package)
+    return {"wall_us": wall, "categories": {c: by_cat.get(c, 0.0) for c in CATEGORIES}, "kernels": by_name,
+            "idle_before": {c: us / steps for c, us in idle_before.items()}, "gaps": gaps}
 
 
 def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> tuple[dict, float]:
@@ -161,6 +182,15 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
                 diffs.append((delta, cat, name))
         lines += ["", f"Kernels outside attention, {impl} − sdpa, |difference| ≥ {args.diff_us:g} µs per step:", ""]
         lines += [f"- {d:+.0f} µs ({cat}) `{name[:110]}`" for d, cat, name in sorted(diffs, reverse=True)] or ["- none"]
+    kinds = [c for c in CATEGORIES if any(r.get("idle_before", {}).get(c) for r in results.values())]
+    if kinds:
+        lines += ["", "Idle time by the kind of kernel that ends it (what the GPU waited for), ms per step:", "",
+                  "| next kernel | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
+        lines += [f"| {c} | " + " | ".join(f"{results[i]['idle_before'].get(c, 0.0) / 1e3:.2f}" for i in impls) + " |"
+                  for c in kinds]
+    for impl in impls:
+        lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps (µs, kernel before → after):", ""]
+        lines += [f"- {us:.0f}: `{a[:60]}` → `{b[:60]}`" for us, a, b in results[impl].get("gaps", [])] or ["- none"]
     for impl in impls:
         top = sorted(((us, name) for name, (cat, us) in results[impl]["kernels"].items()
                       if cat.startswith("attention")), reverse=True)[:12]

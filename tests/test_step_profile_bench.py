@@ -58,6 +58,15 @@ def test_summary_per_step_and_idle_time():
     assert cats["other"] == 25
     assert cats["idle"] == pytest.approx(100 - 165 / 2)  # 200 µs of window, 165 busy, over 2 steps
     assert got["kernels"]["_fwd_kernel"] == ["attention (package)", 40.0]
+    # idle intervals 40-50 (before a GEMM), 85-100 (before the package's kernel), 140-150 (before "other")
+    assert got["idle_before"] == {"gemm": 5.0, "attention (package)": 7.5, "other": 5.0}
+    assert got["gaps"][0] == [15, "Memset", "_fwd_kernel"]
+
+
+def test_idle_gaps_skip_intervals_covered_by_another_stream():
+    events = [_event("long", 0, 100), _event("inside", 10, 5), _event("after", 120, 10)]
+    by_next, gaps = step_profile.idle_gaps(events, frozenset())
+    assert by_next == {"other": 20} and gaps == [[20, "long", "after"]]
 
 
 def test_summary_of_a_trace_without_gpu_events_says_so():
@@ -73,10 +82,11 @@ def test_table_gives_differences_to_sdpa():
         cats = dict.fromkeys(step_profile.CATEGORIES, 0.0)
         cats.update({"attention (sdpa)" if attn_us == 100 else "attention (package)": attn_us, "other": copy_us})
         return {"wall_us": attn_us + copy_us, "host_ms": (attn_us + copy_us) / 1e3, "categories": cats,
-                "kernels": kernels}
+                "kernels": kernels, "idle_before": {"gemm": copy_us * 10}, "gaps": [[copy_us, "a", "b"]]}
 
     args = argparse.Namespace(model="llama0.9b", context=8192, steps=2, diff_us=50.0)
     text = step_profile.render({"gpu": "test"}, args, {"sdpa": result(100, 0), "fp8_delta": result(90, 200)})
     assert "| other | 0.00 | 0.20 | +0.20 |" in text
     assert "- +200 µs (other) `direct_copy_kernel`" in text
     assert "- 90 `_fwd_kernel`" in text
+    assert "| gemm | 0.00 | 2.00 |" in text and "- 200: `a` → `b`" in text
