@@ -233,7 +233,8 @@ def main(argv=None) -> int:
         # dK/dV's default layout with per-token Q and dO scales too (fp8_delta, fp8_stale)
         builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False, False)
                    for d in backward_dkdv_gluon.HEAD_DIMS]
-        # the forward's default layout with the one-FMA exponent (exponent.FMA_EXPONENT)
+        # (the forward above in its exact form) the forward's default layout with the one-FMA exponent
+        # (exponent.FMA_EXPONENT)
         builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True) for d in forward_gluon.HEAD_DIMS]
         for name, layout, d, qdo_head, fma in builds:
             for causal in (True, False):
@@ -242,13 +243,13 @@ def main(argv=None) -> int:
                 default = [getattr(module, n) for n in names]
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)
-                exponent.FMA_EXPONENT = fma
+                fma_default, exponent.FMA_EXPONENT = exponent.FMA_EXPONENT, fma
                 try:
                     compiled = compile_gluon(name, d, causal, qdo_head=qdo_head)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
-                    exponent.FMA_EXPONENT = False
+                    exponent.FMA_EXPONENT = fma_default
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3

@@ -49,8 +49,10 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
-    # the forward's one-FMA exponent where a warpgroup's bound allows (exponent.FMA_EXPONENT)
+    # the Gluon forward's exponent: one FMA where a warpgroup's bound allows (exponent.FMA_EXPONENT, the
+    # default), or the exact form everywhere
     "fwd_fma_exponent": ({}, {(exponent, "FMA_EXPONENT"): True}),
+    "fwd_exact_exponent": ({}, {(exponent, "FMA_EXPONENT"): False}),
     # the Gluon kernels' operand layouts and schedules (each variant changes one kernel's; the
     # statistics kernel's also switch that kernel on)
     **{f"{prefix}_{name}": (launch, {(module, c): v for c, v in zip(module.LAYOUT_CONSTANTS, values)})

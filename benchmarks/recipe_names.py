@@ -100,8 +100,8 @@ def add_schedule_options(parser) -> None:
       (``kernels.gluon_hopper.DISPATCH["head_group"]``; 1 is one row after the other);
     - ``--chunk-by-size``: the FP8 backward in chunks wherever the call is large, whatever the memory
       peak (``kernels.backward.LAUNCH["backward_chunks_below_peak"]`` False), for A/Bs of that rule;
-    - ``--fma-exponent [0|1]``: the forwards' one-FMA exponent on (bare flag or 1) or off (0)
-      (``kernels.exponent.FMA_EXPONENT``);
+    - ``--fma-exponent [0|1]``: both forwards' one-FMA exponent on (bare flag or 1) or off (0)
+      (``kernels.exponent.set_fma_exponent``; by default on in the Gluon forward only);
     - ``--fold-stats 0|1``: the sequence statistics folded in their partials launch, or in a launch
       of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
@@ -113,8 +113,8 @@ def add_schedule_options(parser) -> None:
                         help="the FP8 backward in chunks wherever the call is large, whatever the memory peak "
                              "(kernels.backward.LAUNCH['backward_chunks_below_peak'] = False), for A/Bs")
     parser.add_argument("--fma-exponent", type=int, choices=(0, 1), nargs="?", const=1, default=None,
-                        help="1 (or the bare flag): the forwards' one-FMA exponent where its bound allows; 0: the "
-                             "exact form everywhere (kernels.exponent.FMA_EXPONENT)")
+                        help="1 (or the bare flag): both forwards' one-FMA exponent where its bound allows; 0: the "
+                             "exact form everywhere (default: the Gluon forward's only, kernels.exponent)")
     parser.add_argument("--fold-stats", type=int, choices=(0, 1), default=None,
                         help="1: the sequence statistics folded in their partials launch; 0: a launch of their own "
                              "(kernels.sequence_stats.FOLD_IN_PARTIALS)")
@@ -139,7 +139,7 @@ def apply_schedule_options(parser, args) -> str:
         backward.LAUNCH["backward_chunks_below_peak"] = False
         notes.append("backward_chunks_below_peak=False")
     if args.fma_exponent is not None:
-        exponent.FMA_EXPONENT = bool(args.fma_exponent)
+        exponent.set_fma_exponent(bool(args.fma_exponent))
         notes.append(f"FMA_EXPONENT={bool(args.fma_exponent)}")
     if args.fold_stats is not None:
         sequence_stats.FOLD_IN_PARTIALS = bool(args.fold_stats)

@@ -81,11 +81,15 @@ def test_nan_factor_fails_the_bound():
     assert not fma_row_bound(math.inf, D, REF_SLACK) < FMA_EXPONENT_BOUND
 
 
-def test_switch_sets_the_kernel_bound(monkeypatch):
+def test_switches_set_each_kernels_bound(monkeypatch):
     monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", True)
     assert exponent.fma_bound() == 0.0  # the exact form only, one copy of the loops
-    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
-    assert exponent.fma_bound() == FMA_EXPONENT_BOUND
+    assert exponent.fma_bound(triton=True) == FMA_EXPONENT_BOUND
+    exponent.set_fma_exponent(True)
+    assert exponent.fma_bound() == exponent.fma_bound(triton=True) == FMA_EXPONENT_BOUND
+    exponent.set_fma_exponent(False)
+    assert exponent.fma_bound() == exponent.fma_bound(triton=True) == 0.0
 
 
 @pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
@@ -106,7 +110,7 @@ def test_real_activations_take_the_fma_and_keep_their_outputs(recipe):
 
 # The Triton forward kernel under the interpreter (kernels/forward.py: one decision per program).
 def _triton_forward(q, k, v, mask, config, fma: bool, monkeypatch, softcap=None):
-    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", fma)
     return triton_forward(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask, config=config, block_m=16, softcap=softcap)
 
 

@@ -100,15 +100,16 @@ def test_bench_attention_fma_exponent_sets_the_switch(monkeypatch):
     import bench_attention
     from hf_fp8_attention.kernels import exponent
 
-    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", False)
     args = bench_attention.parse_args(["--modes", "fwd"])
-    assert not exponent.FMA_EXPONENT and args.schedule == ""
+    assert exponent.FMA_EXPONENT and not exponent.FMA_EXPONENT_TRITON and args.schedule == ""
     args = bench_attention.parse_args(["--fma-exponent", "--modes", "fwd"])
-    assert exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=True"
-    assert exponent.fma_bound() == exponent.FMA_EXPONENT_BOUND
+    assert exponent.FMA_EXPONENT_TRITON and args.schedule == "FMA_EXPONENT=True"
+    assert exponent.fma_bound() == exponent.fma_bound(triton=True) == exponent.FMA_EXPONENT_BOUND
     args = bench_attention.parse_args(["--fma-exponent", "0", "--modes", "fwd"])
     assert not exponent.FMA_EXPONENT and args.schedule == "FMA_EXPONENT=False"
-    assert exponent.fma_bound() == 0.0
+    assert exponent.fma_bound() == exponent.fma_bound(triton=True) == 0.0
 
 
 def test_bench_attention_fold_stats_sets_the_switch(monkeypatch):

@@ -21,15 +21,20 @@ warpgroup in the Gluon kernel (its MMAs are warpgroup-wide; both tile loops are 
 per program in the Triton kernel, which branches around each tile's exponents inside its one loop
 (a second copy of its loops doubled their pipelined shared memory, 115 -> 214 KB, offline).
 
-Off by default (``FMA_EXPONENT``) until timed on a GPU: with it off both kernels compile to their
-previous SASS.
+Two switches, one a kernel, set by what each measured (``benchmarks/NOTES.md``, "Forward"):
+``FMA_EXPONENT`` (the Gluon forward, head dim 128) is on: 1-6% faster forwards on an H100 and
+4-10% on an H200 over the op grid's four shapes. ``FMA_EXPONENT_TRITON`` (the Triton forward: other
+head dims, packed batches, windows) is off: at head dim 64 its forward ran 0-12% slower with it,
+the second form's registers and spills costing more than the FMA saves. With a switch off, its
+kernel compiles to the exact form alone.
 """
 from __future__ import annotations
 
 import math
 
 LOG2_PMAX = math.log2(448.0)  # P's codes: the reference's exponent, log2 of E4M3's largest value
-FMA_EXPONENT = False
+FMA_EXPONENT = True  # the Gluon forward
+FMA_EXPONENT_TRITON = False  # the Triton forward
 FMA_EXPONENT_BOUND = 2.0**14
 
 
@@ -40,10 +45,18 @@ def fma_row_bound(q2_max: float, head_dim: int, slack: float) -> float:
     return q2_max * (head_dim * 448.0 * 448.0) + slack + LOG2_PMAX
 
 
-def fma_bound() -> float:
-    """The kernels' FMA_BOUND constexpr: ``FMA_EXPONENT_BOUND`` where ``FMA_EXPONENT`` is on, else 0
-    (the exact form everywhere, and no second copy of the loops compiled)."""
-    return float(FMA_EXPONENT_BOUND) if FMA_EXPONENT else 0.0
+def fma_bound(triton: bool = False) -> float:
+    """A forward kernel's FMA_BOUND constexpr: ``FMA_EXPONENT_BOUND`` where its switch is on
+    (``FMA_EXPONENT_TRITON`` for the Triton forward, ``triton=True``; ``FMA_EXPONENT`` for the Gluon
+    one), else 0 (the exact form everywhere, and no second copy of the loops compiled)."""
+    return float(FMA_EXPONENT_BOUND) if (FMA_EXPONENT_TRITON if triton else FMA_EXPONENT) else 0.0
 
 
-__all__ = ["FMA_EXPONENT", "FMA_EXPONENT_BOUND", "LOG2_PMAX", "fma_bound", "fma_row_bound"]
+def set_fma_exponent(on: bool) -> None:
+    """Both forwards' switches at once (the benchmarks' ``--fma-exponent 0|1``)."""
+    global FMA_EXPONENT, FMA_EXPONENT_TRITON
+    FMA_EXPONENT = FMA_EXPONENT_TRITON = bool(on)
+
+
+__all__ = ["FMA_EXPONENT", "FMA_EXPONENT_BOUND", "FMA_EXPONENT_TRITON", "LOG2_PMAX", "fma_bound", "fma_row_bound",
+           "set_fma_exponent"]

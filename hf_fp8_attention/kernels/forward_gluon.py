@@ -14,7 +14,7 @@ docstring: G = REF_SLACK, q2 = Q's scale · K's scale · τ · log2 e). O may di
 launch's only by the order of the row sums of p (on the H200 it was bit-identical in every timed
 shape).
 
-The one-FMA exponent (:mod:`.exponent`, off by default): each consumer warpgroup compares the bound
+The one-FMA exponent (:mod:`.exponent`, ``FMA_EXPONENT``, on by default): each consumer warpgroup compares the bound
 of its 64 rows with FMA_BOUND once, then runs its tiles in the FMA form or the exact one (both
 loops compiled; 548 → 487 instructions per tile in the interior loop, offline for sm_90a), and
 takes LSE from the same rounded r·q2 − log2 448 as l.

@@ -390,7 +390,7 @@ def test_fma_exponent_keeps_the_exact_forms_outputs(case, monkeypatch):
     q, k, v = _inputs(b, hq, hkv, sq, sk, d, torch.float32, seed=sq + d + 1)
     mask, cfg = MaskSpec(causal=causal, window=window), FP8AttentionConfig()
     want, want_lse = _kernel(q, k, v, mask, cfg)
-    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", True)
     out = _check_vs_emulation(q, k, v, mask, cfg)
     _, lse = _kernel(q, k, v, mask, cfg)
     assert rel_err(out, want) <= FMA_O_REL, rel_err(out, want)
@@ -400,5 +400,5 @@ def test_fma_exponent_keeps_the_exact_forms_outputs(case, monkeypatch):
     # q and k 30x larger: every program's bound exceeds FMA_EXPONENT_BOUND, the exact loop runs
     huge = (q * 30, k * 30, v)
     got = _kernel(*huge, mask, cfg)
-    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", False)
     assert all(torch.equal(a, b) for a, b in zip(got, _kernel(*huge, mask, cfg)))
