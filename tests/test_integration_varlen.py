@@ -114,6 +114,41 @@ def _bools(*rows):
     return torch.tensor([[c == "1" for c in r] for r in rows])
 
 
+@pytest.mark.parametrize("positions", [
+    [[0, 1, 2, 3, 4, 5]],                      # one sequence, broadcast over the batch below
+    [[0, 1, 2, 0, 1, 0]],                      # packed, broadcast
+    [[0, 1, 2, 3, 4, 5], [0, 1, 0, 1, 2, 3]],  # one row packed
+    [[3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5]],  # offsets without a restart
+])
+def test_segments_of_an_unmasked_batch_read_the_device_once(positions):
+    """With every token valid (no padding mask) the check takes the tokens' indices without
+    ``nonzero``: one host read (``.any()``) instead of two, and the same segments as an all-True mask."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hf_fp8_attention.integration.varlen import segments_from_positions
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.nonzero.default, torch.ops.aten._local_scalar_dense.default):
+                self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    pos, batch = torch.tensor(positions), 2
+    want = segments_from_positions(pos, torch.ones(batch, pos.shape[1], dtype=torch.bool))
+    with HostReads() as reads:
+        got = segments_from_positions(pos, None, batch=batch)
+    assert reads.ops == [torch.ops.aten._local_scalar_dense.default]
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="give valid, or batch"):
+        segments_from_positions(pos, None)
+
+
 def test_segments_ignore_padding_positions():
     from hf_fp8_attention.integration.varlen import segments_from_positions
 

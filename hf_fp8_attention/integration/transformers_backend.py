@@ -194,10 +194,10 @@ def _packed_segments(position_ids, valid, batch, q_len, kv_len, device) -> torch
             "not used to detect packed sequences (pass cu_seq_lens_q/k for packed batches)"
         )
         return None
-    if valid is None:
-        valid = torch.ones(batch, kv_len, dtype=torch.bool, device=device)
-    valid = valid.to(device)
-    segments = segments_from_positions(position_ids, valid[:, kv_len - q_len :])
+    if valid is None:  # every token valid: no mask to read on the host
+        segments = segments_from_positions(position_ids.to(device), None, batch=batch)
+    else:
+        segments = segments_from_positions(position_ids, valid.to(device)[:, kv_len - q_len :])
     if segments is not None and q_len != kv_len:
         raise ValueError(
             f"FP8 attention: position_ids restart inside a row (packed sequences) while q_len={q_len} differs from "

@@ -115,7 +115,8 @@ def unpack(x: torch.Tensor, indices: torch.Tensor, batch: int, seq_len: int) -> 
     return out.view(batch, seq_len, h, d)
 
 
-def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor | None,
+                            batch: int | None = None) -> torch.Tensor | None:
     """Packed-sequence ids from ``position_ids`` restarting, looking at valid tokens only.
 
     A new sequence starts wherever a valid token's position is not the previous valid token's
@@ -125,14 +126,23 @@ def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor) -> 
 
     Args:
         position_ids: ``(B, S)`` integer positions (``(1, S)`` is broadcast over the batch).
-        valid: ``(B, S)`` bool, True for real tokens.
+        valid: ``(B, S)`` bool, True for real tokens; None when every token is (``batch`` rows).
+            Then the valid tokens' indices are known without reading the mask: the check reads the
+            device once (whether any position restarts) instead of twice. A read drains the GPU's
+            queue, and in a training step each one left the GPU idle for 0.3-0.45 ms.
     Returns:
         ``(B, S)`` int64 ids (distinct for distinct sequences; arbitrary on padding), or None when
         no row holds more than one sequence.
     """
-    batch, seq_len = valid.shape
-    pos = position_ids.to(valid.device).expand(batch, seq_len).reshape(-1)
-    idx = valid.reshape(-1).nonzero().squeeze(1)
+    if valid is None:
+        if batch is None:
+            raise ValueError("segments_from_positions: give valid, or batch when every token is valid")
+        seq_len, device = position_ids.shape[-1], position_ids.device
+        idx = torch.arange(batch * seq_len, device=device)
+    else:
+        (batch, seq_len), device = valid.shape, valid.device
+        idx = valid.reshape(-1).nonzero().squeeze(1)
+    pos = position_ids.to(device).expand(batch, seq_len).reshape(-1)
     if idx.numel() < 2:
         return None
     p, rows = pos[idx], idx // seq_len
@@ -142,7 +152,7 @@ def segments_from_positions(position_ids: torch.Tensor, valid: torch.Tensor) -> 
         return None
     starts = torch.ones_like(p, dtype=torch.bool)
     starts[1:] = restart | ~same_row
-    segments = torch.zeros(batch * seq_len, dtype=torch.long, device=valid.device)
+    segments = torch.zeros(batch * seq_len, dtype=torch.long, device=device)
     segments[idx] = starts.cumsum(0)
     return segments.view(batch, seq_len)
 
