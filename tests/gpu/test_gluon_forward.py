@@ -13,7 +13,8 @@ its scope, so none can pass on the Triton kernel alone.
 - Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
   Hopper's FP8 accumulation).
 - NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
-- The one-FMA exponent (``exponent.FMA_EXPONENT``): against the emulation with the same bounds,
+- The one-FMA exponent (``exponent.FMA_EXPONENT``, on by default; the tests start from the exact
+  form and switch it on where they test it): against the emulation with the same bounds,
   and against the exact form, from which it moves p by ~1e-6 relative at these logits, so that a P
   code changes only where p sits that close to a rounding boundary (a few in a million on real
   activations, benchmarks/fma_exponent.py): O within ``FMA_O_REL`` = 1e-3 relative (norm) of the
@@ -57,7 +58,9 @@ SHAPES = {
 
 @pytest.fixture
 def gluon_calls(monkeypatch):
-    """The Gluon forward enabled; returns a one-entry list counting its launches."""
+    """The Gluon forward enabled, in its exact exponent form (the comparisons with the Triton kernel
+    are of the exact forms; the FMA tests switch ``exponent.FMA_EXPONENT``, on by default, back on);
+    returns a one-entry list counting its launches."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     reason = forward_gluon.unsupported_reason(torch.empty(1, 1, 128, 128, device="cuda"),
@@ -66,6 +69,7 @@ def gluon_calls(monkeypatch):
     if reason is not None:
         pytest.skip(f"the Gluon forward does not run here: {reason}")
     monkeypatch.setattr(forward, "GLUON_FORWARD", forward_gluon.HEAD_DIMS)
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", False)
     calls = [0]
     count_calls(monkeypatch, forward_gluon, "gluon_forward", calls, 0)
     return calls
