@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: the GPU test suite (pytest -m gpu), then the attention benchmark,
-# the quantization benchmark, the host-overhead benchmark, the model-step benchmark and the
-# launch-path benchmark.
+# the quantization benchmark, the host-overhead benchmark, the model-step benchmark, the training
+# step's profile by kernel kind and the launch-path benchmark.
 # Logs and the benchmark's results files go to $OUT (default /tmp/gpu_suite_out).
 #   TESTS="tests/gpu/test_forward_kernel.py" bash benchmarks/gpu_suite.sh --modes fwd
 # Env: TESTS (pytest paths, default: tests), BENCH_TAG (results name, default gpu_suite),
@@ -41,6 +41,10 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   python benchmarks/model_step.py --tag "${tag}_model_step" 2>&1 | tee "$OUT/model_step.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
   cp "benchmarks/results/${tag}_model_step.md" "$OUT"/ 2>/dev/null
+  # The 0.89B Llama's training step at 8k by kernel kind, and where the GPU waits for the host.
+  python benchmarks/step_profile.py --attn sdpa,fp8_delta --tag "${tag}_step_profile" --out-dir "$OUT" 2>&1 \
+    | tee "$OUT/step_profile.log"
+  bench_rc=$(( bench_rc || PIPESTATUS[0] ))
   # The launch path's host time, Triton's and the direct one (HF_FP8_ATTENTION_DIRECT_LAUNCH).
   python benchmarks/launch_path.py 2>&1 | tee "$OUT/launch_path.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
