@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_step import MODELS, model_config, register_attention  # noqa: E402
+from train_step import MODELS, model_config, register_attention, training_optimizer  # noqa: E402
 from model_step import build_model  # noqa: E402
 
 from hf_fp8_attention import ops  # noqa: E402
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         label = impl + ("+direct" if direct == "1" else "")
         model = build_model(config, impl, seed=0)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt, _ = training_optimizer(model)
 
         def step():
             model(input_ids=ids, labels=ids, use_cache=False).loss.backward()

@@ -38,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_attention import write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
-from train_step import MODELS, model_config, register_attention, run_environment  # noqa: E402
+from train_step import (  # noqa: E402
+    MODELS, model_config, register_attention, run_environment, training_optimizer,
+)
 
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "hf_fp8_attention" / "kernels"
 CATEGORIES = ("attention (package)", "attention (sdpa)", "gemm", "optimizer", "memcpy / memset", "other", "idle")
@@ -129,7 +131,7 @@ def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> t
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(context)).to("cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    optimizer, _ = training_optimizer(model)
 
     def step():
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
@@ -161,7 +163,8 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
              "| kind | " + " | ".join(impls) + " |" + (" " + " | ".join(f"{i} − sdpa" for i in impls if i != "sdpa")
                                                      + " |" if base else ""),
              "|---" * (len(impls) + (len(impls) - 1 if base else 0) + 1) + "|"]
-    rows = [("step (host clock)", lambda r: r["host_ms"] * 1e3), ("step (first to last kernel)", lambda r: r["wall_us"])]
+    rows = [("step (host clock)", lambda r: r["host_ms"] * 1e3),
+            ("step (first to last kernel)", lambda r: r["wall_us"])]
     rows += [(c, lambda r, c=c: r["categories"][c]) for c in CATEGORIES]
     for label, get in rows:
         cells = [f"{get(results[i]) / 1e3:.2f}" for i in impls]
@@ -180,8 +183,10 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
             delta = mine - base["kernels"].get(name, [cat, 0.0])[1]
             if abs(delta) >= args.diff_us:
                 diffs.append((delta, cat, name))
-        lines += ["", f"Kernels outside attention, {impl} − sdpa, |difference| ≥ {args.diff_us:g} µs per step:", ""]
-        lines += [f"- {d:+.0f} µs ({cat}) `{name[:110]}`" for d, cat, name in sorted(diffs, reverse=True)] or ["- none"]
+        lines += ["", f"Kernels outside attention, {impl} − sdpa, |difference| ≥ {args.diff_us:g} µs per step:",
+                  ""]
+        lines += [f"- {d:+.0f} µs ({cat}) `{name[:110]}`"
+                  for d, cat, name in sorted(diffs, reverse=True)] or ["- none"]
     kinds = [c for c in CATEGORIES if any(r.get("idle_before", {}).get(c) for r in results.values())]
     if kinds:
         lines += ["", "Idle time by the kind of kernel that ends it (what the GPU waited for), ms per step:", "",
@@ -189,7 +194,8 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
         lines += [f"| {c} | " + " | ".join(f"{results[i]['idle_before'].get(c, 0.0) / 1e3:.2f}" for i in impls) + " |"
                   for c in kinds]
     for impl in impls:
-        lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps (µs, kernel before → after):", ""]
+        lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps "
+                  "(µs, kernel before → after):", ""]
         lines += [f"- {us:.0f}: `{a[:60]}` → `{b[:60]}`" for us, a, b in results[impl].get("gaps", [])] or ["- none"]
     for impl in impls:
         top = sorted(((us, name) for name, (cat, us) in results[impl]["kernels"].items()

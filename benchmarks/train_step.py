@@ -117,7 +117,9 @@ def run_environment(device: str, dtype: torch.dtype) -> dict:
     return env
 
 
-def _optimizer(model) -> tuple[torch.optim.Optimizer, bool]:
+def training_optimizer(model) -> tuple[torch.optim.Optimizer, bool]:
+    """(AdamW over ``model``'s parameters, whether it is the fused one): fused where the torch build
+    and device allow it."""
     try:
         return torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True), True
     except (RuntimeError, TypeError, ValueError):
@@ -173,7 +175,7 @@ def measure(model, forward, context: int, vocab: int, args, device: str) -> dict
     clock = _Clock(device)
     gen = torch.Generator().manual_seed(context)
     ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    optimizer, fused = _optimizer(model)
+    optimizer, fused = training_optimizer(model)
 
     def step():
         loss = forward(input_ids=ids, labels=ids, use_cache=False).loss

@@ -589,8 +589,8 @@ def triton_forward(
     meta = {**_kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
                            not varlen and sk % config.block_k == 0), **mods.meta()}
     # The one-FMA exponent (exponent.py): block-free K (its scale in the row factor), no logit modifiers.
-    meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and not (meta["SOFTCAP"] or meta["ROW_SHIFT"] or meta["SINK"]) \
-        else 0.0
+    plain_logits = not (meta["SOFTCAP"] or meta["ROW_SHIFT"] or meta["SINK"])
+    meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and plain_logits else 0.0
     if max(rows, 0) == 0:
         return out, lse
     if block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
