@@ -15,6 +15,11 @@ time inside the step.
   kernels' intervals: where the GPU waits for the host. Each idle interval is also charged to the
   kind of the kernel that ends it, and the largest are listed with their neighbours.
 
+The step's phases (forward, backward, optimizer) are marked in the trace by a small host-to-device
+copy of :data:`MARKER_BYTES` issued as each phase starts; per phase the table gives its span on the
+GPU (from its marker to the next), its idle time and what ended that idle time. A phase whose idle
+time grows against sdpa's is where the host falls behind the GPU.
+
 Then the kernels outside attention whose time per step differs from sdpa's by more than
 ``--diff-us``. Kineto records CUDA activity only, so the host's per-launch overhead grows little.
 
@@ -43,6 +48,8 @@ from train_step import (  # noqa: E402
 )
 
 KERNELS_DIR = Path(__file__).resolve().parents[1] / "hf_fp8_attention" / "kernels"
+PHASES = ("forward", "backward", "optimizer")
+MARKER_BYTES = 4104  # a size no other copy of a step has: 1026 float32
 CATEGORIES = ("attention (package)", "attention (sdpa)", "gemm", "optimizer", "memcpy / memset", "other", "idle")
 _SDPA = re.compile(r"flash|fmha|cudnn|attention|sdpa|efficient_attention", re.I)
 _GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|splitk|sm90_|sm80_|ampere_", re.I)
@@ -75,6 +82,46 @@ def gpu_events(trace: dict) -> list[dict]:
     chrome trace exported by ``torch.profiler``."""
     return [e for e in trace.get("traceEvents", [])
             if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
+def is_marker(event: dict) -> bool:
+    """Whether a GPU event is one of :func:`phase_marker`'s copies."""
+    return event.get("cat") == "gpu_memcpy" and (event.get("args") or {}).get("bytes") == MARKER_BYTES
+
+
+def phase_marker(device: str = "cuda"):
+    """A callable that issues one marker copy (pinned host to device, not awaited)."""
+    host = torch.zeros(MARKER_BYTES // 4, dtype=torch.float32).pin_memory()
+    dev = torch.empty_like(host, device=device)
+    return lambda: dev.copy_(host, non_blocking=True)
+
+
+def phase_split(events: list[dict], package: frozenset[str], steps: int) -> dict[str, dict] | None:
+    """Per phase, µs per step: ``span`` (GPU time from the phase's marker to the next marker, the
+    last phase to the last event), ``idle`` (span minus the union of the events inside it, clipped
+    to it) and ``idle_before`` (that idle time by the kind of kernel ending each interval). The
+    markers start :data:`PHASES` in turn. None where the trace holds no marker."""
+    markers = sorted(e["ts"] for e in events if is_marker(e))
+    if not markers:
+        return None
+    others = sorted((e for e in events if not is_marker(e)), key=lambda e: e["ts"])
+    last = max(e["ts"] + e["dur"] for e in events)
+    out = {p: {"span": 0.0, "idle": 0.0, "idle_before": defaultdict(float)} for p in PHASES}
+    for i, start in enumerate(markers):
+        stop = markers[i + 1] if i + 1 < len(markers) else last
+        inside = [dict(e, ts=max(e["ts"], start), dur=min(e["ts"] + e["dur"], stop) - max(e["ts"], start))
+                  for e in others if e["ts"] < stop and e["ts"] + e["dur"] > start]
+        phase = out[PHASES[i % len(PHASES)]]
+        phase["span"] += (stop - start) / steps
+        phase["idle"] += (stop - start - busy_us(inside)) / steps
+        if inside:  # the interval from the marker to the first event, then those between events
+            lead = [{"name": "marker", "cat": "gpu_memcpy", "ts": start, "dur": 0.0}]
+            by_next, _ = idle_gaps(lead + inside, package)
+            for kind, us in by_next.items():
+                phase["idle_before"][kind] += us / steps
+    for phase in out.values():
+        phase["idle_before"] = dict(phase["idle_before"])
+    return out
 
 
 def busy_us(events: list[dict]) -> float:
@@ -110,7 +157,10 @@ def idle_gaps(events: list[dict], package: frozenset[str], top: int = 8) -> tupl
 def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
     """Per step: µs by category (``idle`` included), ``wall_us``, µs per kernel name
     (``kernels``: name -> [category, µs]), the idle time by the kind of kernel that ends each idle
-    interval (``idle_before``) and the largest idle intervals of the whole trace (``gaps``, µs)."""
+    interval (``idle_before``), the largest idle intervals of the whole trace (``gaps``, µs) and
+    :func:`phase_split`'s ``phases``. The phase markers count in ``phases`` only."""
+    phases = phase_split(events, package, steps) if events else None
+    events = [e for e in events if not is_marker(e)]
     if not events:
         raise ValueError("the trace holds no GPU events: was the step run on a GPU under the profiler?")
     by_cat: dict[str, float] = defaultdict(float)
@@ -123,7 +173,8 @@ def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
     by_cat["idle"] = wall - busy_us(events) / steps
     idle_before, gaps = idle_gaps(events, package)
     return {"wall_us": wall, "categories": {c: by_cat.get(c, 0.0) for c in CATEGORIES}, "kernels": by_name,
-            "idle_before": {c: us / steps for c, us in idle_before.items()}, "gaps": gaps}
+            "idle_before": {c: us / steps for c, us in idle_before.items()}, "gaps": gaps,
+            "phases": phases}
 
 
 def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> tuple[dict, float]:
@@ -132,9 +183,14 @@ def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> t
 
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(context)).to("cuda")
     optimizer, _ = training_optimizer(model)
+    mark = phase_marker()
 
-    def step():
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    def step():  # one marker as each of PHASES starts
+        mark()
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        mark()
+        loss.backward()
+        mark()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -193,6 +249,20 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
                   "| next kernel | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
         lines += [f"| {c} | " + " | ".join(f"{results[i]['idle_before'].get(c, 0.0) / 1e3:.2f}" for i in impls) + " |"
                   for c in kinds]
+    if all(results[i].get("phases") for i in impls):
+        lines += ["", "By phase, ms per step: the GPU's span of the phase (marker to marker) and its idle time, "
+                  "then that idle time by the kind of kernel ending it:", "",
+                  "| phase | " + " | ".join(f"{i} span | {i} idle" for i in impls) + " | idle before, "
+                  + "; ".join(impls) + " |", "|---" * (2 * len(impls) + 2) + "|"]
+        for phase in PHASES:
+            cells = [f"{results[i]['phases'][phase][k] / 1e3:.2f}" for i in impls for k in ("span", "idle")]
+            before = "; ".join(", ".join(f"{c} {us / 1e3:.2f}" for c, us in sorted(
+                results[i]["phases"][phase]["idle_before"].items(), key=lambda x: -x[1]) if us >= 10) or "-"
+                for i in impls)
+            lines.append(f"| {phase} | " + " | ".join(cells) + f" | {before} |")
+    else:
+        lines += ["", "By phase: not split (no marker copies of "
+                  f"{MARKER_BYTES} bytes in the trace of {', '.join(i for i in impls if not results[i].get('phases'))})."]
     for impl in impls:
         lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps "
                   "(µs, kernel before → after):", ""]

@@ -90,3 +90,53 @@ def test_table_gives_differences_to_sdpa():
     assert "- +200 µs (other) `direct_copy_kernel`" in text
     assert "- 90 `_fwd_kernel`" in text
     assert "| gemm | 0.00 | 2.00 |" in text and "- 200: `a` → `b`" in text
+
+
+def _marker(ts):
+    return {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": ts, "dur": 2,
+            "args": {"bytes": step_profile.MARKER_BYTES}}
+
+
+def test_phases_split_at_the_markers_with_their_idle_time():
+    # one step: forward 0-100 (kernels 10-40 and 60-100), backward 100-300 (100-250, idle 250-300
+    # before nothing: the optimizer's marker at 300), optimizer 300-360 (idle 300-320, kernel 320-360)
+    events = [_marker(0), _event("_fwd_kernel", 10, 30), _event("nvjet_gemm", 60, 40), _marker(100),
+              _event("_dkdv_kernel", 102, 148), _marker(300), _event("multi_tensor_apply_kernel", 320, 40),
+              _event("Memcpy HtoD (Pinned -> Device)", 50, 1, cat="gpu_memcpy")]  # another copy: not a marker
+    got = step_profile.summarize(events, steps=1, package=frozenset({"_fwd_kernel", "_dkdv_kernel"}))
+    phases = got["phases"]
+    assert [phases[p]["span"] for p in step_profile.PHASES] == [100, 200, 60]
+    # forward: 0-10 before the package's kernel, 40-50 before the other copy, 51-60 before the GEMM
+    assert phases["forward"]["idle"] == 29
+    assert phases["forward"]["idle_before"] == {"attention (package)": 10, "memcpy / memset": 10, "gemm": 9}
+    assert phases["backward"]["idle"] == 2 + 50  # before the dK/dV kernel, then after it to the marker
+    assert phases["backward"]["idle_before"] == {"attention (package)": 2}
+    assert phases["optimizer"]["idle"] == 20 and phases["optimizer"]["idle_before"] == {"optimizer": 20}
+    # the markers are left out of everything else
+    assert got["categories"]["memcpy / memset"] == 1 and got["wall_us"] == 360 - 10
+    copy = "Memcpy HtoD (Pinned -> Device)"
+    assert got["gaps"] == [[70, "_dkdv_kernel", "multi_tensor_apply_kernel"], [10, "_fwd_kernel", copy],
+                           [9, copy, "nvjet_gemm"], [2, "nvjet_gemm", "_dkdv_kernel"]]
+    args = argparse.Namespace(model="llama0.9b", context=8192, steps=1, diff_us=50.0)
+    text = step_profile.render({"gpu": "test"}, args, {"fp8_delta": {**got, "host_ms": 0.4}})
+    assert "| backward | 0.20 | 0.05 | - |" in text
+    assert "| forward | 0.10 | 0.03 | attention (package) 0.01, memcpy / memset 0.01 |" in text
+
+
+def test_phases_of_several_steps_are_per_step_means_and_clip_events_at_the_markers():
+    events = [_marker(0), _event("k", 0, 150), _marker(100), _marker(200),  # k runs into the backward
+              _marker(300), _event("k", 300, 50), _marker(400), _marker(450)]
+    phases = step_profile.summarize(events, steps=2, package=frozenset())["phases"]
+    # forward: 0-100 all busy (k clipped at the marker), then 300-400 with 50 idle after k
+    assert phases["forward"] == {"span": 100, "idle": 25.0, "idle_before": {}}
+    assert phases["backward"]["span"] == (100 + 50) / 2 and phases["backward"]["idle"] == (50 + 50) / 2
+    # the last step's optimizer ends with the last event: its own marker (450-452)
+    assert phases["optimizer"]["span"] == (100 + 2) / 2
+
+
+def test_a_trace_without_markers_is_not_split_and_the_table_says_so():
+    got = step_profile.summarize([_event("k", 0, 10)], steps=1, package=frozenset())
+    assert got["phases"] is None
+    args = argparse.Namespace(model="llama0.9b", context=8192, steps=1, diff_us=50.0)
+    text = step_profile.render({"gpu": "test"}, args, {"sdpa": {**got, "host_ms": 0.01}})
+    assert f"By phase: not split (no marker copies of {step_profile.MARKER_BYTES} bytes in the trace of sdpa)" in text
