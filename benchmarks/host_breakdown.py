@@ -10,7 +10,13 @@ these are the times the GPU waits for):
   (:func:`hf_fp8_attention.ops.run_forward` / ``run_backward``: quantization, planning, launches);
 - ``launch``: the Triton kernel launches inside them (:func:`hf_fp8_attention.kernels.launch.launch`:
   Triton's argument binding or the direct path's key, the launcher, the driver call), and their
-  count.
+  count; ``gluon``: the Gluon launches (each with its TMA descriptors). Both are also listed per
+  kernel.
+
+Per phase of the step (forward, backward, optimizer step) the host's issue time is set beside the
+GPU's time for the same phase (CUDA events recorded as each phase starts and after the last): a
+phase whose GPU time is not much longer than its host time is host-bound, and there the GPU waits
+for every microsecond of the host's.
 
 ``--direct both`` times each FP8 implementation with the direct launch path off and then on
 (``HF_FP8_ATTENTION_DIRECT_LAUNCH``; rows ``<impl>+direct``).
@@ -46,6 +52,8 @@ from hf_fp8_attention.integration import transformers_backend  # noqa: E402
 
 _TOTALS: dict[str, float] = defaultdict(float)
 _COUNTS: dict[str, int] = defaultdict(int)
+_KERNELS: dict[str, float] = defaultdict(float)  # host time per launched kernel name
+_KERNEL_COUNTS: dict[str, int] = defaultdict(int)
 _LOCK = threading.Lock()  # the backward's launches run on the autograd engine's thread
 
 
@@ -64,19 +72,70 @@ def _timed(name: str, fn):
     return wrapper
 
 
+def _timed_kernels(name: str, fn, kernel_name):
+    """``fn`` wrapped as :func:`_timed` does, its time also added per kernel (``kernel_name(args)``)."""
+    timed = _timed(name, fn)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return timed(*args, **kwargs)
+        finally:
+            with _LOCK:
+                key = f"{name}:{kernel_name(args)}"
+                _KERNELS[key] += time.perf_counter() - t0
+                _KERNEL_COUNTS[key] += 1
+
+    return wrapper
+
+
+def _kernel_name(kernel) -> str:
+    """The JIT function's name of a Triton kernel handle."""
+    return getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
+
+
 def instrument() -> None:
     """Wrap the call path's layers with host timers. Each is looked up as a module global at call
     time (the registered attention functions call ``transformers_backend.fp8_attention_forward``,
     the autograd Function ``ops.run_forward`` / ``run_backward``), so replacing the attributes is
     enough."""
-    from hf_fp8_attention.kernels import backward, forward, quantize, sequence_stats
+    from hf_fp8_attention.kernels import (
+        backward, backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, forward, forward_gluon, quantize,
+        sequence_stats,
+    )
 
     transformers_backend.fp8_attention_forward = _timed("hf_forward", transformers_backend.fp8_attention_forward)
     ops.run_forward = _timed("op_forward", ops.run_forward)
     ops.run_backward = _timed("op_backward", ops.run_backward)
-    timed_launch = _timed("launch", launch.launch)  # either path (HF_FP8_ATTENTION_DIRECT_LAUNCH)
+    # either path (HF_FP8_ATTENTION_DIRECT_LAUNCH)
+    timed_launch = _timed_kernels("launch", launch.launch, lambda args: _kernel_name(args[0]))
     for module in (backward, forward, quantize, sequence_stats):
         module.launch_kernel = timed_launch
+    for module, fn in ((forward_gluon, "gluon_forward"), (backward_stats_gluon, "gluon_dq_stats"),
+                       (backward_dq_gluon, "gluon_dq"), (backward_dkdv_gluon, "gluon_dkdv")):
+        setattr(module, fn, _timed_kernels("gluon", getattr(module, fn), lambda args, fn=fn: fn))
+
+
+def phase_times(step_phases, steps: int) -> dict[str, tuple[float, float]]:
+    """Per phase, (host ms, GPU ms) medians over ``steps`` calls of ``step_phases``: a list of
+    (name, callable) run in order. The host time is the callable's issue time; the GPU time runs
+    from an event recorded as the phase starts to one recorded as the next starts (the last: after
+    it), synchronized once per step."""
+    names = [name for name, _ in step_phases]
+    host: dict[str, list[float]] = {n: [] for n in names}
+    gpu: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(steps):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(step_phases) + 1)]
+        for (name, fn), event in zip(step_phases, events):
+            event.record()
+            t0 = time.perf_counter()
+            fn()
+            host[name].append((time.perf_counter() - t0) * 1e3)
+        events[-1].record()
+        torch.cuda.synchronize()
+        for i, name in enumerate(names):
+            gpu[name].append(events[i].elapsed_time(events[i + 1]))
+    return {n: (statistics.median(host[n]), statistics.median(gpu[n])) for n in names}
 
 
 def main(argv=None) -> int:
@@ -109,16 +168,27 @@ def main(argv=None) -> int:
         model.train()
         opt, _ = training_optimizer(model)
 
-        def step():
-            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        state = {}
+
+        def forward():
+            state["loss"] = model(input_ids=ids, labels=ids, use_cache=False).loss
+
+        def optimizer_step():
             opt.step()
             opt.zero_grad(set_to_none=True)
+
+        phases = [("forward", forward), ("backward", lambda: state.pop("loss").backward()),
+                  ("optimizer", optimizer_step)]
+
+        def step():
+            for _, fn in phases:
+                fn()
 
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-        _TOTALS.clear()
-        _COUNTS.clear()
+        for table in (_TOTALS, _COUNTS, _KERNELS, _KERNEL_COUNTS):
+            table.clear()
         walls = []
         for _ in range(a.steps):
             t0 = time.perf_counter()
@@ -130,7 +200,13 @@ def main(argv=None) -> int:
         parts = "  ".join(f"{k} {v * 1e3 / a.steps:6.1f} ({v * 1e3 / a.steps / layers:5.2f}) x{_COUNTS[k] // a.steps}"
                           for k, v in sorted(_TOTALS.items()))
         extra = f"  (+{(wall - base_ms) / layers:.2f} ms/layer over sdpa)" if base_ms and impl != "sdpa" else ""
-        print(f"{label:<22} step {wall:7.1f} ms{extra}\n    {parts}", flush=True)
+        kernels = "  ".join(f"{k} {v * 1e3 / a.steps / layers:5.3f} x{_KERNEL_COUNTS[k] / a.steps / layers:g}"
+                            for k, v in sorted(_KERNELS.items(), key=lambda kv: -kv[1]))
+        print(f"{label:<22} step {wall:7.1f} ms{extra}\n    {parts}"
+              + (f"\n    per kernel, ms per layer (launches per layer): {kernels}" if kernels else ""), flush=True)
+        by_phase = phase_times(phases, a.steps)
+        print("    phases, host issue / GPU ms per step: " + "  ".join(
+            f"{n} {h:.1f} / {g:.1f}" for n, (h, g) in by_phase.items()), flush=True)
         if a.profile and impl != "sdpa":
             from torch.profiler import ProfilerActivity, profile
 
