@@ -35,6 +35,7 @@ INT_PTRS = {"cu_q_ptr", "cu_k_ptr", "tile_off_ptr", "CU_Q", "CU_K", "TOFF_K", "T
 BF16_PTRS = {"q_ptr", "out_ptr", "DO", "O", "DQ", "DK", "DV", "Q", "K", "V"}
 FLOATS = {"qk_scale", "tau", "softcap"}
 INTS = {"H", "G", "HQ", "HKV", "SQ", "SK", "D", "NT", "S_PAD", "SQ_TOTAL", "SK_TOTAL", "SK_PAD", "SQ_PAD", "NT_K",
+        "OUT_SB", "OUT_SH", "OUT_SS",
         "NT_Q"}
 MODS = {"off": (False, False, False), "softcap": (True, False, False), "sinks": (False, True, True),
         "all": (True, True, True)}  # (SOFTCAP, ROW_SHIFT, SINK)
@@ -102,7 +103,8 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 
 # A Gluon kernel's constexpr switch -> the module constant that sets it at launch.
 GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
-                  "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG"}
+                  "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG",
+                  "OUT_STRIDED": "TOKEN_MAJOR_OUT"}
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True):

@@ -87,7 +87,8 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 
 # The options of add_schedule_options, as the scripts' result headers name them.
-SCHEDULE_FLAGS = "`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`"
+SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
+                  "`--token-major-out 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -103,7 +104,10 @@ def add_schedule_options(parser) -> None:
     - ``--fma-exponent [0|1]``: both forwards' one-FMA exponent on (bare flag or 1) or off (0)
       (``kernels.exponent.set_fma_exponent``; by default on in the Gluon forward only);
     - ``--fold-stats 0|1``: the sequence statistics folded in their partials launch, or in a launch
-      of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``)."""
+      of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``);
+    - ``--token-major-out 0|1``: both forwards write O token-major where q is, or both contiguous
+      (``kernels.forward.TOKEN_MAJOR_OUT``, on by default, and ``kernels.forward_gluon.TOKEN_MAJOR_OUT``,
+      off by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -118,13 +122,17 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--fold-stats", type=int, choices=(0, 1), default=None,
                         help="1: the sequence statistics folded in their partials launch; 0: a launch of their own "
                              "(kernels.sequence_stats.FOLD_IN_PARTIALS)")
+    parser.add_argument("--token-major-out", type=int, choices=(0, 1), default=None,
+                        help="1: both forwards write O token-major where q is (an attention layer's transpose back "
+                             "then copies nothing); 0: both contiguous (kernels.forward.TOKEN_MAJOR_OUT, "
+                             "kernels.forward_gluon.TOKEN_MAJOR_OUT)")
 
 
 def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
     scripts' headers."""
-    from hf_fp8_attention.kernels import backward, exponent, gluon_hopper, sequence_stats
+    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
 
     notes = []
     for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
@@ -144,4 +152,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.fold_stats is not None:
         sequence_stats.FOLD_IN_PARTIALS = bool(args.fold_stats)
         notes.append(f"FOLD_IN_PARTIALS={bool(args.fold_stats)}")
+    if args.token_major_out is not None:
+        forward.TOKEN_MAJOR_OUT = forward_gluon.TOKEN_MAJOR_OUT = bool(args.token_major_out)
+        notes.append(f"TOKEN_MAJOR_OUT={bool(args.token_major_out)}")
     return " ".join(notes)

@@ -261,8 +261,8 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
                 for i in impls)
             lines.append(f"| {phase} | " + " | ".join(cells) + f" | {before} |")
     else:
-        lines += ["", "By phase: not split (no marker copies of "
-                  f"{MARKER_BYTES} bytes in the trace of {', '.join(i for i in impls if not results[i].get('phases'))})."]
+        unsplit = ", ".join(i for i in impls if not results[i].get("phases"))
+        lines += ["", f"By phase: not split (no marker copies of {MARKER_BYTES} bytes in the trace of {unsplit})."]
     for impl in impls:
         lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps "
                   "(µs, kernel before → after):", ""]

@@ -177,7 +177,9 @@ def fp8_attention(
             (not capped); differentiable. A row that sees no key then outputs 0.
     Returns:
         ``(B, Hq, Sq, D)`` in the input dtype (under ``torch.autocast``: the autocast dtype, to
-        which q, k, v are cast first, as SDPA does).
+        which q, k, v are cast first, as SDPA does). In eager mode, where q is token-major (a
+        ``(B, Sq, Hq, D)`` tensor transposed, as attention layers hand it) and the kernel writes any
+        layout, the output is laid out so too, as SDPA's is: transposed back it is contiguous.
     """
     q, k, v = _autocast(q, k, v)
     _check_tensors(q, k, v)

@@ -164,24 +164,27 @@ def _no_autocast(device_type: str):
 
 
 def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
-                softcap: float | None = None, sinks: torch.Tensor | None = None, for_backward: dict | None = None):
+                softcap: float | None = None, sinks: torch.Tensor | None = None, for_backward: dict | None = None,
+                token_major_out: bool = False):
     """FP8 attention forward on the backend :func:`select_backend` picks.
 
     ``softcap``, ``sinks (Hq,)`` fp32: the logit modifiers (:mod:`.reference`). Returns
-    ``out (B, Hq, Sq, D)`` contiguous in q's dtype and ``lse (B, Hq, Sq)`` fp32. ``for_backward``:
-    a dict the kernels may leave values in for :func:`run_backward` (its ``saved``; the emulation
-    leaves none).
+    ``out (B, Hq, Sq, D)`` in q's dtype and ``lse (B, Hq, Sq)`` fp32, both contiguous; with
+    ``token_major_out`` O may instead be laid out as a token-major q is
+    (:func:`.kernels.forward.output_buffer`: the caller's transpose to ``(B, Sq, Hq, D)`` then needs
+    no copy). ``for_backward``: a dict the kernels may leave values in for :func:`run_backward` (its
+    ``saved``; the emulation leaves none).
     """
     with _no_autocast(q.device.type):
         if select_backend(q.device, config) is Backend.TRITON:
             from .kernels.forward import triton_forward
 
             out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, softcap=softcap, sinks=sinks,
-                                      for_backward=for_backward)
+                                      for_backward=for_backward, token_major_out=token_major_out)
         else:
             out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
                                                   softcap=softcap, sinks=sinks)
-    return out.contiguous(), lse.contiguous()
+    return (out if token_major_out else out.contiguous()), lse.contiguous()
 
 
 def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
@@ -327,7 +330,8 @@ class _EagerAttention(torch.autograd.Function):
         # With an FP8 backward ahead, the forward's statistics launches also compute those the
         # backward needs of K and V (two launches fewer; small per-(sequence, head) vectors).
         ctx.for_backward = {} if config.backward is BackwardPrecision.FP8 and any(ctx.needs_input_grad) else None
-        out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks, for_backward=ctx.for_backward)
+        out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks, for_backward=ctx.for_backward,
+                               token_major_out=True)
         ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, sinks, config))
         ctx.args = (scale, mask, config, softcap)
         return out
@@ -353,7 +357,8 @@ class FP8AttentionFunction:
     - in eager mode it runs the same implementations through :class:`_EagerAttention`, without
       the custom-op dispatch.
 
-    O is saved for the backward only with the stale delta.
+    O is saved for the backward only with the stale delta. In eager mode O may be token-major
+    (:func:`.kernels.forward.output_buffer`); the custom op's is contiguous, as its fake says.
     """
 
     @staticmethod

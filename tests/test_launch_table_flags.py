@@ -124,3 +124,22 @@ def test_bench_attention_fold_stats_sets_the_switch(monkeypatch):
     for value in (0, 1):
         args = bench_attention.parse_args(["--fold-stats", str(value), "--modes", "fwd"])
         assert sequence_stats.FOLD_IN_PARTIALS is bool(value) and args.schedule == f"FOLD_IN_PARTIALS={bool(value)}"
+
+
+def test_schedule_option_token_major_out_sets_the_switch(monkeypatch):
+    pytest.importorskip("triton")
+    import argparse
+
+    import recipe_names
+    from hf_fp8_attention.kernels import forward, forward_gluon
+
+    monkeypatch.setattr(forward, "TOKEN_MAJOR_OUT", True)
+    monkeypatch.setattr(forward_gluon, "TOKEN_MAJOR_OUT", False)
+    parser = argparse.ArgumentParser()
+    recipe_names.add_schedule_options(parser)
+    assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
+    assert forward.TOKEN_MAJOR_OUT is True and forward_gluon.TOKEN_MAJOR_OUT is False  # the defaults
+    for value in (1, 0):
+        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--token-major-out", str(value)]))
+        assert forward.TOKEN_MAJOR_OUT is forward_gluon.TOKEN_MAJOR_OUT is bool(value)
+        assert note == f"TOKEN_MAJOR_OUT={bool(value)}"

@@ -481,6 +481,10 @@ def _quantizes_q_first(config: FP8AttentionConfig) -> bool:
     return config.hadamard or config.qdo_scales is Granularity.HEAD
 
 
+# The Triton kernel writes O token-major where q is and the caller asks (output_buffer); the Gluon
+# kernel's switch is forward_gluon.TOKEN_MAJOR_OUT.
+TOKEN_MAJOR_OUT = True
+
 # "0" turns the TMA loads of interior K/V tiles off (A/B comparisons; pointer loads everywhere).
 TMA_ENV = "HF_FP8_ATTENTION_FWD_TMA"
 
@@ -495,6 +499,18 @@ def _use_tma(device: torch.device) -> bool:
     return not interpreting() and _has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
 
 
+def output_buffer(q: torch.Tensor, *, zeros: bool, token_major: bool = True) -> torch.Tensor:
+    """O's buffer ``(B, Hq, Sq, D)`` in q's dtype and device (zero-filled with ``zeros``), laid out as
+    q where q is token-major (a ``(B, Sq, Hq, D)`` tensor transposed, as attention layers make it) and
+    ``token_major`` allows, else contiguous. Token-major, the caller's transpose back to ``(B, Sq, Hq,
+    D)`` is contiguous as it is, with no copy (PyTorch's SDPA lays its output out so too)."""
+    bsz, hq, sq, d = q.shape
+    alloc = torch.zeros if zeros else torch.empty
+    if token_major and hq > 1 and q.transpose(1, 2).is_contiguous():
+        return alloc(bsz, sq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    return alloc(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
+
+
 def triton_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -507,6 +523,7 @@ def triton_forward(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     for_backward: dict | None = None,
+    token_major_out: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
 
@@ -520,8 +537,11 @@ def triton_forward(
             the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
             computed in the forward's statistics launches instead of two more in the backward; and
             under ``"q_stats"`` Q's, where the forward computes Q's statistics anyway.
+        token_major_out: O laid out as a token-major q is (:func:`output_buffer`) where the kernel
+            that runs is switched to (``TOKEN_MAJOR_OUT`` here, the Gluon one's in forward_gluon).
     Returns:
-        ``out (B, Hq, Sq, D)`` in q's dtype (contiguous) and ``lse (B, Hq, Sq)`` fp32.
+        ``out (B, Hq, Sq, D)`` in q's dtype, contiguous unless ``token_major_out`` (see there), and
+        ``lse (B, Hq, Sq)`` fp32.
     """
     check_compiled_blocks(config.block_q, config.block_k, "triton_forward", interpreting())
     bsz, hq, sq, d = q.shape
@@ -554,14 +574,18 @@ def triton_forward(
         (q_codes, q_scales, _, _, _), = quantize_operands(
             (q,), (q_copies,), block=config.block_q, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_q,
             max_seqlen=max_q, stats=q_stats)
+    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
+    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
+                                           "triton_forward")
+    # varlen: the tokens outside every sequence read 0
+    token_major_out = token_major_out and (forward_gluon.TOKEN_MAJOR_OUT if use_gluon else TOKEN_MAJOR_OUT)
+    out = output_buffer(q, zeros=varlen, token_major=token_major_out)
     if varlen:
-        out = torch.zeros(bsz, hq, sq, d, dtype=q.dtype, device=q.device)  # tokens outside every sequence
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
         cu_q, cu_k = mask.cu_seqlens_q, mask.cu_seqlens_k  # int32, contiguous (MaskSpec)
         n_prog1 = (cu_q.numel() - 1) * hq
         rows = max_q
     else:
-        out = torch.empty(bsz, hq, sq, d, dtype=q.dtype, device=q.device)
         lse = torch.empty(bsz, hq, sq, dtype=torch.float32, device=q.device)
         cu_q = cu_k = tile_off = q  # dummies, never read
         n_prog1 = bsz * hq
@@ -577,7 +601,6 @@ def triton_forward(
         vt_desc = TensorDescriptor.from_tensor(vt_codes.view(-1, vt_codes.shape[-1]), [dp, bn])
     else:
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
-    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     shift2, sinks2, softcap2 = mods.args(lse)
     qk_scale = float(scale) * LOG2E * logit_factor(config, d)
     args = (
@@ -593,8 +616,7 @@ def triton_forward(
     meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and plain_logits else 0.0
     if max(rows, 0) == 0:
         return out, lse
-    if block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
-                                      "triton_forward"):
+    if use_gluon:
         forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
                                     groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
         return out, lse

@@ -65,6 +65,9 @@ MERGED_WAITS = True
 # two drift half a tile apart: one's exponentials under the other's products. Off: on the H200
 # (fp8_delta) no faster at 8k causal, 2-4% slower at 16k non-causal, same bits (benchmarks/NOTES.md).
 PINGPONG = False
+# O written with the strides of its buffer (forward.output_buffer: token-major where q is, so that an
+# attention layer's transpose back needs no copy) instead of contiguous. Off until timed on a GPU.
+TOKEN_MAJOR_OUT = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
 LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "PINGPONG")
@@ -93,8 +96,9 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, *, groups: int,
                   qk_scale: float, slack: float, causal: bool) -> None:
-    """Fill ``out`` (B, Hq, Sq, 128), contiguous, and ``lse`` (B, Hq, Sq) fp32 from the forward's
-    FP8 copies (forward.py's ``triton_forward``):
+    """Fill ``out`` (B, Hq, Sq, 128) (contiguous; with ``TOKEN_MAJOR_OUT`` any strides whose channels
+    are contiguous) and ``lse`` (B, Hq, Sq) fp32 from the forward's FP8 copies (forward.py's
+    ``triton_forward``):
 
     - ``q_codes`` (B, Hq, Sq, 128) e4m3 and ``q_scales`` (B, Hq, Sq) fp32: Q's rotated codes and
       scales (per token, or one per head repeated per token);
@@ -106,13 +110,16 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     factor); ``slack``: forward.REF_SLACK."""
     b, hq, sq, d = q_codes.shape
     sk = k_codes.shape[2]
+    if out.stride(-1) != 1 or not (TOKEN_MAJOR_OUT or out.is_contiguous()):
+        need = "contiguous in its channels" if TOKEN_MAJOR_OUT else "contiguous"
+        raise ValueError(f"gluon_forward: O's buffer must be {need}, got strides {tuple(out.stride())}")
     descs = (descriptor(q_codes.view(-1, d), (HALF_Q, d)), descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
              descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
-        *descs, q_scales, k_scales, v_scales, out, lse, hq, groups, sq, sk, v_scales.shape[2], qk_scale, slack,
-        HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
-        Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES, LOG2_PMAX=LOG2_PMAX,
-        FMA_BOUND=fma_bound(), CONSUMER_REGS=CONSUMER_REGS,
+        *descs, q_scales, k_scales, v_scales, out, *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
+        qk_scale, slack, OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
+        HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES,
+        LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -237,10 +244,11 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ, SK, NT_K,
-                  m0, t_hi, qk_scale, slack, WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                  D: gl.constexpr, CAUSAL: gl.constexpr, Q_REGS: gl.constexpr, MERGED: gl.constexpr,
-                  PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
+    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
+                  bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
+                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                  Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -295,8 +303,13 @@ if gluon is not None:
         else:
             lse = gl.where(empty_row, float("-inf"),
                            (r_i * q2 + gl.log2(gl.where(empty_row, 1.0, l_i)) - LOG2_PMAX) * 0.6931471805599453)
-        rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
-        gl.store(OUT + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), out.to(OUT.dtype.element_ty))
+        if OUT_STRIDED:  # out_row0: the (batch, head)'s first row; OUT_SS: the stride of a token
+            tokens = gl.expand_dims(q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
+            gl.store(OUT + out_row0 + tokens.to(gl.int64) * OUT_SS + gl.expand_dims(chan, 0),
+                     out.to(OUT.dtype.element_ty))
+        else:
+            rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
+            gl.store(OUT + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), out.to(OUT.dtype.element_ty))
         gl.store(LSE + bh_q * SQ + queries, lse)
 
     @gluon.jit
@@ -306,10 +319,12 @@ if gluon is not None:
         vt_desc,  # V's channel-wise transposed codes: (B·Hkv·D, Sk_pad), boxes (D, BLOCK_N)
         QS, KS,  # (B, H, S) fp32 row scales, one value per head
         VS,  # (B, Hkv, NT_K, D) fp32 channel scales, the sequence's in tile 0
-        OUT,  # (B, Hq, Sq, D) in the input dtype, contiguous
+        OUT,  # (B, Hq, Sq, D) in the input dtype: contiguous, or (OUT_STRIDED) with these strides, D's 1
+        OUT_SB, OUT_SH, OUT_SS,
         LSE,  # (B, Hq, Sq) fp32
         H, G, SQ, SK, NT_K, qk_scale, slack,
-        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
+        OUT_STRIDED: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+        HEAD_GROUP: gl.constexpr,
         Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
         LOG2_PMAX: gl.constexpr,
         FMA_BOUND: gl.constexpr,
@@ -317,6 +332,10 @@ if gluon is not None:
         PRODUCER_REGS: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
+        if OUT_STRIDED:
+            out_row0 = (bh_q // H).to(gl.int64) * OUT_SB + (bh_q % H).to(gl.int64) * OUT_SH
+        else:  # unused
+            out_row0 = 0
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -330,12 +349,12 @@ if gluon is not None:
             turn = ready
 
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
-                         SK, NT_K, m0, t_hi, qk_scale, slack, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
-                         STAGES, LOG2_PMAX, FMA_BOUND)),
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, LSE, bh_q, bh_k, SQ,
-                         SK, NT_K, m0, t_hi, qk_scale, slack, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG,
-                         STAGES, LOG2_PMAX, FMA_BOUND)),
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE,
+                         bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D,
+                         CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES, LOG2_PMAX, FMA_BOUND)),
+            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE,
+                         bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D,
+                         CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES, LOG2_PMAX, FMA_BOUND)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -402,3 +402,32 @@ def test_fma_exponent_keeps_the_exact_forms_outputs(case, monkeypatch):
     got = _kernel(*huge, mask, cfg)
     monkeypatch.setattr(exponent, "FMA_EXPONENT_TRITON", False)
     assert all(torch.equal(a, b) for a, b in zip(got, _kernel(*huge, mask, cfg)))
+
+
+@pytest.mark.parametrize("d, packed", [(64, False), (64, True), (128, True)])
+def test_token_major_output_of_the_eager_op(d, packed):
+    """Inputs laid out as an attention layer hands them ((B, S, H, D) transposed): the eager op's O
+    is token-major where its kernel writes any layout (the Triton one; packed batches at head dim
+    128 too), so the layer's transpose back copies nothing; values and gradients bit for bit those
+    of contiguous inputs."""
+    from hf_fp8_attention import RECIPES
+
+    torch.manual_seed(0)
+    b, hq, hkv, s = (1, 4, 2, 640) if packed else (2, 4, 2, 384)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+    dout = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+    extra = {}
+    if packed:
+        cu = torch.tensor([0, 100, 356, 640], dtype=torch.int32, device="cuda")
+        extra = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=284, max_seqlen_k=284)
+    results = []
+    for token_major in (False, True):
+        inputs = [x.transpose(1, 2).contiguous().transpose(1, 2) if token_major else x for x in (q, k, v)]
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        out = fp8_attention(*leaves, causal=True, config=RECIPES["fp8_delta"], **extra)
+        layer_out = out.transpose(1, 2).contiguous()
+        assert (layer_out.data_ptr() == out.data_ptr()) is token_major
+        layer_out.backward(dout)
+        results.append((out.detach(), *(x.grad for x in leaves)))
+    for name, a, c in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(a, c), name

@@ -179,3 +179,20 @@ def test_gluon_forward_fma_guard_takes_the_exact_form_at_huge_logits(recipe, glu
     got = _forward(qkv, mask, scale, config)
     assert gluon_calls[0] == 2
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "dense_mqa"])
+def test_gluon_forward_writes_a_token_major_output(shape, gluon_calls, monkeypatch):
+    """With ``TOKEN_MAJOR_OUT`` a token-major q (an attention layer's (B, S, H, D) transposed) gets
+    O in its layout, bit for bit the contiguous launch's values; off, O stays contiguous."""
+    config = RECIPES["fp8_delta"]
+    (q, k, v), mask, scale, inside = _problem(shape, config, torch.bfloat16)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    want, want_lse = _forward((q, k, v), mask, scale, config)
+    off, _ = forward.triton_forward(qt, k, v, scale=scale, mask=mask, config=config, token_major_out=True)
+    assert off.is_contiguous() and torch.equal(off, want)
+    monkeypatch.setattr(forward_gluon, "TOKEN_MAJOR_OUT", True)
+    out, lse = forward.triton_forward(qt, k, v, scale=scale, mask=mask, config=config, token_major_out=True)
+    assert inside and gluon_calls[0] == 3
+    assert out.transpose(1, 2).is_contiguous()
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
