@@ -590,6 +590,13 @@ def triton_forward(
         cu_q = cu_k = tile_off = q  # dummies, never read
         n_prog1 = bsz * hq
         rows = sq
+    qk_scale = float(scale) * LOG2E * logit_factor(config, d)
+    if use_gluon:  # (its scope has positive lengths); the Triton launch's arguments are not needed
+        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
+                                    groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
+        return out, lse
+    if max(rows, 0) == 0:
+        return out, lse
     window = mask.window_arg
     # Packed sequences start at any key: a TMA box of Vᵀ whose innermost start coordinate is not
     # 16-byte aligned faults (illegal instruction, H200), so they keep pointer loads. Without any
@@ -602,7 +609,6 @@ def triton_forward(
     else:
         k_desc, vt_desc = k_codes, vt_codes  # never read as descriptors
     shift2, sinks2, softcap2 = mods.args(lse)
-    qk_scale = float(scale) * LOG2E * logit_factor(config, d)
     args = (
         q, *q.stride(), k_codes, k_scales, vt_codes, v_scales, k_desc, vt_desc, out, *out.stride(), lse,
         cu_q, cu_k, tile_off, q_codes, q_scales, shift2, sinks2,
@@ -614,12 +620,6 @@ def triton_forward(
     # The one-FMA exponent (exponent.py): block-free K (its scale in the row factor), no logit modifiers.
     plain_logits = not (meta["SOFTCAP"] or meta["ROW_SHIFT"] or meta["SINK"])
     meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and plain_logits else 0.0
-    if max(rows, 0) == 0:
-        return out, lse
-    if use_gluon:
-        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
-                                    groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
-        return out, lse
 
     def launch(cfg: tuple[int, int, int]) -> None:
         bm, warps, stages = cfg
