@@ -184,7 +184,9 @@ def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfi
         else:
             out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
                                                   softcap=softcap, sinks=sinks)
-    return (out if token_major_out else out.contiguous()), lse.contiguous()
+    if not (token_major_out and out.transpose(1, 2).is_contiguous()):
+        out = out.contiguous()
+    return out, lse.contiguous()
 
 
 def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: FP8AttentionConfig,

@@ -577,9 +577,8 @@ def triton_forward(
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
                                            "triton_forward")
-    # varlen: the tokens outside every sequence read 0
     token_major_out = token_major_out and (forward_gluon.TOKEN_MAJOR_OUT if use_gluon else TOKEN_MAJOR_OUT)
-    out = output_buffer(q, zeros=varlen, token_major=token_major_out)
+    out = output_buffer(q, zeros=varlen, token_major=token_major_out)  # varlen: tokens outside sequences read 0
     if varlen:
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
         cu_q, cu_k = mask.cu_seqlens_q, mask.cu_seqlens_k  # int32, contiguous (MaskSpec)
