@@ -99,8 +99,9 @@ def phase_marker(device: str = "cuda"):
 def phase_split(events: list[dict], package: frozenset[str], steps: int) -> dict[str, dict] | None:
     """Per phase, µs per step: ``span`` (GPU time from the phase's marker to the next marker, the
     last phase to the last event), ``idle`` (span minus the union of the events inside it, clipped
-    to it) and ``idle_before`` (that idle time by the kind of kernel ending each interval). The
-    markers start :data:`PHASES` in turn. None where the trace holds no marker."""
+    to it) and ``idle_before`` (that idle time by the kind of kernel ending each interval; an
+    interval the next phase's marker ends is in ``idle`` only). The markers start :data:`PHASES` in
+    turn. None where the trace holds no marker."""
     markers = sorted(e["ts"] for e in events if is_marker(e))
     if not markers:
         return None
