@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_attention import write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
+from recipe_names import add_schedule_options, apply_schedule_options  # noqa: E402
 from train_step import (  # noqa: E402
     MODELS, model_config, register_attention, run_environment, training_optimizer,
 )
@@ -210,13 +211,20 @@ def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> t
         return json.loads(path.read_text()), host_ms
 
 
+def _schedule_note(args) -> str:
+    """The launch-schedule options set for the run (``recipe_names.add_schedule_options``), as flags."""
+    schedule = getattr(args, "schedule", "")
+    return f" (launch schedule set for this run: {schedule})" if schedule else ""
+
+
 def render(env: dict, args, results: dict[str, dict]) -> str:
     base = results.get("sdpa")
     impls = list(results)
     lines = [f"# Training step by kernel kind: {args.model}, {args.context} tokens, eager, bf16", "",
              ", ".join(f"{k} {v}" for k, v in env.items()), "",
              f"`python benchmarks/step_profile.py --model {args.model} --context {args.context} "
-             f"--attn {','.join(impls)} --steps {args.steps}`; ms per step, mean of {args.steps} profiled steps.", "",
+             f"--attn {','.join(impls)} --steps {args.steps}`{_schedule_note(args)}; ms per step, mean of "
+             f"{args.steps} profiled steps.", "",
              "| kind | " + " | ".join(impls) + " |" + (" " + " | ".join(f"{i} − sdpa" for i in impls if i != "sdpa")
                                                      + " |" if base else ""),
              "|---" * (len(impls) + (len(impls) - 1 if base else 0) + 1) + "|"]
@@ -286,7 +294,9 @@ def main(argv=None) -> int:
     p.add_argument("--diff-us", type=float, default=50.0, help="list kernels whose time per step differs by this")
     p.add_argument("--tag", default=None)
     p.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    add_schedule_options(p)
     args = p.parse_args(argv)
+    args.schedule = apply_schedule_options(p, args)
     if not torch.cuda.is_available():
         raise SystemExit("step_profile.py profiles CUDA kernels: it needs a GPU")
     impls = [x for x in args.attn.split(",") if x]

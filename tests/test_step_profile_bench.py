@@ -140,3 +140,10 @@ def test_a_trace_without_markers_is_not_split_and_the_table_says_so():
     args = argparse.Namespace(model="llama0.9b", context=8192, steps=1, diff_us=50.0)
     text = step_profile.render({"gpu": "test"}, args, {"sdpa": {**got, "host_ms": 0.01}})
     assert f"By phase: not split (no marker copies of {step_profile.MARKER_BYTES} bytes in the trace of sdpa)" in text
+
+
+def test_table_names_the_launch_schedule_set_for_the_run():
+    got = step_profile.summarize([_event("k", 0, 10)], steps=1, package=frozenset())
+    args = argparse.Namespace(model="llama0.9b", context=8192, steps=1, diff_us=50.0, schedule="TOKEN_MAJOR_OUT=False")
+    text = step_profile.render({"gpu": "test"}, args, {"sdpa": {**got, "host_ms": 0.01}})
+    assert "--steps 1` (launch schedule set for this run: TOKEN_MAJOR_OUT=False); ms per step" in text
