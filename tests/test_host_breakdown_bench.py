@@ -49,3 +49,35 @@ def test_launches_are_timed_per_kernel(monkeypatch):
     assert dict(host_breakdown._KERNEL_COUNTS) == {"launch:quantize_kernel": 2, "gluon:gluon_forward": 1, "gluon:gluon_dkdv": 2}
     assert host_breakdown._COUNTS["launch"] == 2 and host_breakdown._COUNTS["gluon"] == 3
     assert all(t >= 0 for t in host_breakdown._KERNELS.values())
+
+
+def test_phase_times_pair_each_phase_with_its_events(monkeypatch):
+    """Fake CUDA events that stamp a counter: each phase's GPU time runs from its own event to the
+    next phase's (the last to the closing event); its host time is the callable's own."""
+    import torch
+
+    clock = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def phase(gpu_ms):
+        def run():
+            clock[0] += gpu_ms
+        return run
+
+    got = host_breakdown.phase_times([("forward", phase(3.0)), ("backward", phase(5.0)), ("optimizer", phase(1.0))],
+                                     steps=3)
+    assert list(got) == ["forward", "backward", "optimizer"]
+    assert [g for _, g in got.values()] == [3.0, 5.0, 1.0]
+    assert all(0 <= h < 100 for h, _ in got.values())
