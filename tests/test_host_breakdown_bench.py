@@ -46,7 +46,8 @@ def test_launches_are_timed_per_kernel(monkeypatch):
     backward_dkdv_gluon.gluon_dkdv(0)
     backward_dkdv_gluon.gluon_dkdv(0)
     assert calls == ["launch", "launch", "gluon_forward", "gluon_dkdv", "gluon_dkdv"]
-    assert dict(host_breakdown._KERNEL_COUNTS) == {"launch:quantize_kernel": 2, "gluon:gluon_forward": 1, "gluon:gluon_dkdv": 2}
+    assert dict(host_breakdown._KERNEL_COUNTS) == {"launch:quantize_kernel": 2, "gluon:gluon_forward": 1,
+                                                   "gluon:gluon_dkdv": 2}
     assert host_breakdown._COUNTS["launch"] == 2 and host_breakdown._COUNTS["gluon"] == 3
     assert all(t >= 0 for t in host_breakdown._KERNELS.values())
 
