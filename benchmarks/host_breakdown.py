@@ -57,34 +57,23 @@ _KERNEL_COUNTS: dict[str, int] = defaultdict(int)
 _LOCK = threading.Lock()  # the backward's launches run on the autograd engine's thread
 
 
-def _timed(name: str, fn):
-    """``fn`` wrapped so that its host time adds to ``_TOTALS[name]``."""
+def _timed(name: str, fn, kernel_name=None):
+    """``fn`` wrapped so that its host time adds to ``_TOTALS[name]``, and with ``kernel_name`` (of the
+    call's positional arguments) to ``_KERNELS["name:kernel"]`` as well."""
 
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
+            spent = time.perf_counter() - t0
             with _LOCK:
-                _TOTALS[name] += time.perf_counter() - t0
+                _TOTALS[name] += spent
                 _COUNTS[name] += 1
-
-    return wrapper
-
-
-def _timed_kernels(name: str, fn, kernel_name):
-    """``fn`` wrapped as :func:`_timed` does, its time also added per kernel (``kernel_name(args)``)."""
-    timed = _timed(name, fn)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return timed(*args, **kwargs)
-        finally:
-            with _LOCK:
-                key = f"{name}:{kernel_name(args)}"
-                _KERNELS[key] += time.perf_counter() - t0
-                _KERNEL_COUNTS[key] += 1
+                if kernel_name is not None:
+                    key = f"{name}:{kernel_name(args)}"
+                    _KERNELS[key] += spent
+                    _KERNEL_COUNTS[key] += 1
 
     return wrapper
 
@@ -108,12 +97,12 @@ def instrument() -> None:
     ops.run_forward = _timed("op_forward", ops.run_forward)
     ops.run_backward = _timed("op_backward", ops.run_backward)
     # either path (HF_FP8_ATTENTION_DIRECT_LAUNCH)
-    timed_launch = _timed_kernels("launch", launch.launch, lambda args: _kernel_name(args[0]))
+    timed_launch = _timed("launch", launch.launch, lambda args: _kernel_name(args[0]))
     for module in (backward, forward, quantize, sequence_stats):
         module.launch_kernel = timed_launch
     for module, fn in ((forward_gluon, "gluon_forward"), (backward_stats_gluon, "gluon_dq_stats"),
                        (backward_dq_gluon, "gluon_dq"), (backward_dkdv_gluon, "gluon_dkdv")):
-        setattr(module, fn, _timed_kernels("gluon", getattr(module, fn), lambda args, fn=fn: fn))
+        setattr(module, fn, _timed("gluon", getattr(module, fn), lambda args, fn=fn: fn))
 
 
 def phase_times(step_phases, steps: int) -> dict[str, tuple[float, float]]:
