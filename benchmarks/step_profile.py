@@ -212,7 +212,7 @@ def profile_steps(model, context: int, vocab: int, warmup: int, steps: int) -> t
 
 
 def _schedule_note(args) -> str:
-    """The launch-schedule options set for the run (``recipe_names.add_schedule_options``), as flags."""
+    """The launch-schedule options set for the run (``recipe_names.add_schedule_options``), as a note."""
     schedule = getattr(args, "schedule", "")
     return f" (launch schedule set for this run: {schedule})" if schedule else ""
 
