@@ -106,8 +106,8 @@ def add_schedule_options(parser) -> None:
     - ``--fold-stats 0|1``: the sequence statistics folded in their partials launch, or in a launch
       of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``);
     - ``--token-major-out 0|1``: both forwards write O token-major where q is, or both contiguous
-      (``kernels.forward.TOKEN_MAJOR_OUT``, on by default, and ``kernels.forward_gluon.TOKEN_MAJOR_OUT``,
-      off by default)."""
+      (``kernels.forward.TOKEN_MAJOR_OUT`` and ``kernels.forward_gluon.TOKEN_MAJOR_OUT``, both on by
+      default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",

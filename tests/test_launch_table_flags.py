@@ -138,7 +138,7 @@ def test_schedule_option_token_major_out_sets_the_switch(monkeypatch):
     parser = argparse.ArgumentParser()
     recipe_names.add_schedule_options(parser)
     assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
-    assert forward.TOKEN_MAJOR_OUT is True and forward_gluon.TOKEN_MAJOR_OUT is False  # the defaults
+    assert forward.TOKEN_MAJOR_OUT is True and forward_gluon.TOKEN_MAJOR_OUT is False  # left as they were
     for value in (1, 0):
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--token-major-out", str(value)]))
         assert forward.TOKEN_MAJOR_OUT is forward_gluon.TOKEN_MAJOR_OUT is bool(value)

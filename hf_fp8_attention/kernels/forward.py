@@ -482,7 +482,7 @@ def _quantizes_q_first(config: FP8AttentionConfig) -> bool:
 
 
 # The Triton kernel writes O token-major where q is and the caller asks (output_buffer); the Gluon
-# kernel's switch is forward_gluon.TOKEN_MAJOR_OUT.
+# kernel's switch is forward_gluon.TOKEN_MAJOR_OUT (on too).
 TOKEN_MAJOR_OUT = True
 
 # "0" turns the TMA loads of interior K/V tiles off (A/B comparisons; pointer loads everywhere).

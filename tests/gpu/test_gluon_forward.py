@@ -183,16 +183,20 @@ def test_gluon_forward_fma_guard_takes_the_exact_form_at_huge_logits(recipe, glu
 
 @pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "dense_mqa"])
 def test_gluon_forward_writes_a_token_major_output(shape, gluon_calls, monkeypatch):
-    """With ``TOKEN_MAJOR_OUT`` a token-major q (an attention layer's (B, S, H, D) transposed) gets
-    O in its layout, bit for bit the contiguous launch's values; off, O stays contiguous."""
+    """With ``TOKEN_MAJOR_OUT`` (the default) a token-major q (an attention layer's (B, S, H, D)
+    transposed) gets O in its layout and a contiguous q a contiguous O, bit for bit the values of the
+    kernel's contiguous store (the switch off)."""
     config = RECIPES["fp8_delta"]
     (q, k, v), mask, scale, inside = _problem(shape, config, torch.bfloat16)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    monkeypatch.setattr(forward_gluon, "TOKEN_MAJOR_OUT", False)
     want, want_lse = _forward((q, k, v), mask, scale, config)
     off, _ = forward.triton_forward(qt, k, v, scale=scale, mask=mask, config=config, token_major_out=True)
     assert off.is_contiguous() and torch.equal(off, want)
     monkeypatch.setattr(forward_gluon, "TOKEN_MAJOR_OUT", True)
+    strided, strided_lse = _forward((q, k, v), mask, scale, config)  # a contiguous buffer, strided store
+    assert strided.is_contiguous() and torch.equal(strided, want) and torch.equal(strided_lse, want_lse)
     out, lse = forward.triton_forward(qt, k, v, scale=scale, mask=mask, config=config, token_major_out=True)
-    assert inside and gluon_calls[0] == 3
+    assert inside and gluon_calls[0] == 4
     assert out.transpose(1, 2).is_contiguous()
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
