@@ -59,6 +59,7 @@ from recipe_names import (CONFIG_FLAGS, SCHEDULE_FLAGS, add_schedule_options, ap
                           apply_schedule_options, fresh_memory_peak, recipe_config)
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+SDPA_BACKENDS = ("cudnn", "flash", "cudnn_fp8")
 LOGIT_MODS = ("softcap", "sinks")
 SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
@@ -77,7 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--causal", type=_csv(lambda x: x.lower() in ("1", "true", "yes")), default=[True, False])
     p.add_argument("--modes", type=_csv(str), default=["fwd"])
     p.add_argument("--configs", type=_csv(str), default=["fp8_delta", "fp8_stale"])
-    p.add_argument("--sdpa", type=_csv(str), default=["cudnn", "flash"])
+    p.add_argument("--sdpa", type=_csv(str), default=["cudnn", "flash"],
+                   help="baselines: cudnn and flash (PyTorch SDPA bf16), cudnn_fp8 (cuDNN's own FP8 SDPA through "
+                        "cudnn-frontend: cudnn_fp8_sdpa.py)")
     p.add_argument("--memory", action="store_true", help="peak memory of one fwd+bwd per shape")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
@@ -109,9 +112,9 @@ def parse_args(argv=None):
     bad = set(args.dims) - set(SUPPORTED_HEAD_DIMS)
     if bad:
         p.error(f"unsupported head dims {sorted(bad)}; choose from {list(SUPPORTED_HEAD_DIMS)}")
-    bad = set(args.sdpa) - {"cudnn", "flash"}
+    bad = set(args.sdpa) - set(SDPA_BACKENDS)
     if bad:
-        p.error(f"unknown SDPA backends {sorted(bad)}; choose from cudnn, flash")
+        p.error(f"unknown SDPA backends {sorted(bad)}; choose from {', '.join(SDPA_BACKENDS)}")
     if args.passes < 1:
         p.error(f"--passes must be at least 1, got {args.passes}")
     if args.gqa < 1 or any(h % args.gqa for h in args.heads):
@@ -132,8 +135,38 @@ def flops(mode, b, h, s, d, causal):
     return fwd * FLOP_FACTOR[mode]
 
 
+class _CudnnFp8:
+    """cuDNN's FP8 SDPA as a baseline: one :class:`cudnn_fp8_sdpa.CudnnFp8Attention` per shape (its graphs
+    built once), timed on FP8 inputs prepared outside the timing (that module's docstring)."""
+
+    def __init__(self, causal):
+        self.causal = causal
+        self.built = {}
+
+    def attention(self, q, k, v):
+        import cudnn_fp8_sdpa
+
+        key = (tuple(q.shape), tuple(k.shape))
+        if key not in self.built:
+            ok, why = cudnn_fp8_sdpa.available()
+            if not ok:
+                raise RuntimeError(why)
+            gen = torch.Generator(device="cuda").manual_seed(1)
+            dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=gen)
+            self.built[key] = cudnn_fp8_sdpa.CudnnFp8Attention(q, k, v, self.causal, dout)
+        return self.built[key]
+
+    def time(self, mode, q, k, v, warmup, rep):
+        from triton.testing import do_bench
+
+        return do_bench(self.attention(q, k, v).runner(mode), warmup=warmup, rep=rep, return_mode="median")
+
+
 def _sdpa_fn(backend_name, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend_name == "cudnn_fp8":
+        return _CudnnFp8(causal)
 
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend_name]
 
@@ -166,7 +199,8 @@ def _time(impl, mode, q, k, v, warmup, rep):
     from triton.testing import do_bench
 
     fresh_memory_peak()
-
+    if isinstance(impl, _CudnnFp8):
+        return impl.time(mode, q, k, v, warmup, rep)
     if mode == "fwd":
         with torch.no_grad():
             return do_bench(lambda: impl(q, k, v), warmup=warmup, rep=rep, return_mode="median")
@@ -242,8 +276,18 @@ def run(args) -> tuple[dict, list[dict]]:
                 print(f"pass {pass_no} of {args.passes}: S={s} H={h} D={d} causal={causal} timed", flush=True)
                 del q, k, v
                 continue
+            if "cudnn_fp8" in args.sdpa:  # what the baseline computed, so that a wrong mask or scale shows
+                try:
+                    found = impls["sdpa_cudnn_fp8"].attention(q, k, v)
+                    row["sdpa_cudnn_fp8/check"] = {"o_dtype": str(found.o_dtype).replace("torch.", ""),
+                                                   "refused": found.refused, **found.errors()}
+                except Exception as err:  # noqa: BLE001
+                    row["sdpa_cudnn_fp8/check"] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             if args.memory:
                 for name, impl in impls.items():
+                    if isinstance(impl, _CudnnFp8):
+                        row[f"{name}/peak_mib"] = None
+                        continue
                     if name.startswith("fp8") and not bwd_ok:
                         row[f"{name}/peak_mib"] = None
                         continue
@@ -344,6 +388,19 @@ def render(env, rows, args) -> str:
                 cells.append(_cell(r, f"{name}/{mode}"))
                 cells += [_ratio(r, f"{name}/{mode}", f"sdpa_{n}/{mode}") for n in args.sdpa]
             lines.append("| " + " | ".join(cells) + " |")
+    if "cudnn_fp8" in args.sdpa:
+        errs = ("o", "dq", "dk", "dv")
+        lines += ["", "## cuDNN FP8 SDPA baseline (sdpa_cudnn_fp8)", "",
+                  "cuDNN's kernels alone: its inputs handed over in FP8 with one scale per tensor, so the amax "
+                  "and casts a training step adds are not in its times (ours include our quantization). Its O "
+                  "and gradients against float32 attention on the same bf16 inputs (relative Frobenius error):", "",
+                  "| " + " | ".join(_shape_head(args) + ["outputs"] + [f"{e} error" for e in errs]) + " |",
+                  "|" + "---|" * (len(_shape_head(args)) + 1 + len(errs))]
+        for r in rows:
+            check = r.get("sdpa_cudnn_fp8/check", {})
+            cells = ([check["error"]] + [""] * len(errs) if "error" in check else
+                     [check.get("o_dtype", "n/a")] + [f"{check.get(f'{e}_rel_err', float('nan')):.4f}" for e in errs])
+            lines.append("| " + " | ".join(_shape_cells(r, args) + cells) + " |")
     if args.memory:
         names = [f"sdpa_{n}" for n in args.sdpa] + list(args.configs)
         head = _shape_head(args) + names
