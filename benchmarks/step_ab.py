@@ -1,0 +1,194 @@
+"""End to end, paired: training steps of one model alternating between attention implementations.
+
+``train_step.py`` builds one model per implementation and times them one after the other; between
+those runs the GPU's clocks and the host drift, and the same configuration moved by up to ±2 ms of
+a 155 ms step (``benchmarks/NOTES.md``, "End to end"), as much as the differences left to measure.
+Here one model (one set of weights, one fused AdamW) runs rounds of one training step per
+implementation, switched with Transformers' ``set_attn_implementation`` between steps, the order
+rotated every round; each step (forward, backward, optimizer) is timed with CUDA events. Each
+implementation's speed against the first one (the reference, sdpa by default) is the median over
+rounds of that round's ratio, so a drift shared by the steps of a round cancels; the table also
+gives the quartiles of those per-round ratios, i.e. how far one round can be trusted.
+
+    python benchmarks/step_ab.py --model llama0.9b --context 8192 --attn sdpa,fp8_delta,fp8_delta_fast
+    python benchmarks/step_ab.py --tiny --rounds 3     # CPU smoke test (FP8 through the emulation)
+
+The models are ``train_step.py``'s (built from a config, no download), eager mode, bf16 on a GPU.
+Peak memory is not separable here (one model, one optimizer): ``train_step.py`` reports it. Every
+step's loss must be finite; a NaN or Inf stops the run. Writes ``<out-dir>/<tag>.md`` and ``.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_attention import write_results  # noqa: E402
+from model_step import build_model  # noqa: E402
+from recipe_names import add_schedule_options, apply_schedule_options  # noqa: E402
+from train_step import (MODELS, TINY_CONTEXTS, _Clock, _csv, model_config, register_attention,  # noqa: E402
+                        run_environment, training_optimizer)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of ``values`` (one value: itself three times)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of the implementations in each round: rotated by one every round, so that each
+    takes every position (first after the previous round's last, ...) equally often."""
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
+
+
+def paired_ratios(times: dict[str, list[float]], reference: str) -> dict[str, list[float]]:
+    """Per round, each implementation's speed over the reference's: reference step time / its own."""
+    ref = times[reference]
+    return {name: [r / t for r, t in zip(ref, ts)] for name, ts in times.items()}
+
+
+class _Stepper:
+    """One training step of ``model`` under a given attention implementation."""
+
+    def __init__(self, model, context: int, vocab: int, device: str):
+        gen = torch.Generator().manual_seed(context)
+        self.ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+        self.model = model
+        self.optimizer, self.fused = training_optimizer(model)
+
+    def use(self, impl: str) -> None:
+        """Switch the model's attention implementation (outside the timed step: the switch's Python
+        would delay the step's first launches)."""
+        model = self.model
+        if model.config._attn_implementation != impl:
+            model.set_attn_implementation(impl)
+            if model.config._attn_implementation != impl:
+                raise RuntimeError(f"set_attn_implementation({impl!r}) left {model.config._attn_implementation!r}")
+
+    def __call__(self) -> torch.Tensor:
+        model = self.model
+        loss = model(input_ids=self.ids, labels=self.ids, use_cache=False).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def run(args, device: str, dtype: torch.dtype) -> dict:
+    config = model_config(args.model, args.tiny)
+    model = build_model(config, args.attn[0], dtype=dtype, device=device, seed=0)
+    model.train()
+    step = _Stepper(model, args.context, config.vocab_size, device)
+    clock = _Clock(device)
+    losses = []
+
+    def timed(impl: str) -> float:
+        out = {}
+        step.use(impl)
+        clock.sync()  # the previous step's tail does not run into this one's timing
+        seconds = clock.time(lambda: out.setdefault("loss", step()))
+        loss = out["loss"].item()
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"{impl}: non-finite loss {loss} in a timed step")
+        losses.append(loss)
+        return seconds * 1e3
+
+    for impl in args.attn:  # warm-up: compiles, allocator, optimizer state
+        step.use(impl)
+        for _ in range(args.warmup):
+            step()
+    clock.sync()
+    times = {impl: [] for impl in args.attn}
+    for number, order in enumerate(round_orders(args.attn, args.rounds), 1):
+        for impl in order:
+            times[impl].append(timed(impl))
+        if number % 5 == 0 or number == args.rounds:
+            print(f"step_ab: round {number} of {args.rounds}: "
+                  + ", ".join(f"{impl} {times[impl][-1]:.1f} ms" for impl in args.attn), flush=True)
+    return {"params": sum(p.numel() for p in model.parameters()), "fused_adamw": step.fused,
+            "times_ms": times, "losses": losses}
+
+
+def summarize(result: dict, args) -> list[dict]:
+    ratios = paired_ratios(result["times_ms"], args.attn[0])
+    rows = []
+    for impl in args.attn:
+        ms = statistics.median(result["times_ms"][impl])
+        q1, med, q3 = quartiles(ratios[impl])
+        rows.append({"attn": impl, "step_ms": ms, "tokens_per_s": args.context / ms * 1e3,
+                     "x_ref": med, "x_ref_q1": q1, "x_ref_q3": q3})
+    return rows
+
+
+def render(env: dict, rows: list[dict], result: dict, args) -> str:
+    ref = args.attn[0]
+    lines = [f"# Paired training steps, one model: {args.model}, {args.context} tokens, eager — {env['gpu']}", "",
+             f"torch {env['torch']} · triton {env['triton']} · transformers {env['transformers']} · "
+             f"cuda {env['cuda']} · {env['dtype']} · {env['date_utc']} UTC · fp8 path {env['fp8_path']}", "",
+             f"`python benchmarks/step_ab.py {' '.join(args.argv)}`"
+             + (f" (launch schedule set for this run: {args.schedule})" if args.schedule else ""), "",
+             f"{result['params']:,} parameters; {args.rounds} rounds of one step (forward, backward, "
+             f"{'fused ' if result['fused_adamw'] else ''}AdamW) per implementation, the order rotated each round, "
+             f"after {args.warmup} warm-up step(s) each. `x {ref}`: the median over rounds of {ref}'s step time "
+             f"over the implementation's in the same round; q1-q3: the quartiles of those per-round ratios.", "",
+             f"| attention | ms/step (median) | tokens/s | x {ref} | q1-q3 |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['attn']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['x_ref']:.3f} | "
+                     f"{r['x_ref_q1']:.3f}-{r['x_ref_q3']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama0.9b", choices=list(MODELS))
+    p.add_argument("--context", type=int, default=None, help="tokens per step (default 8192; 256 with --tiny)")
+    p.add_argument("--attn", type=_csv(), default=["sdpa", "fp8_delta", "fp8_delta_fast"],
+                   help="attention implementations; the first is the reference of the ratios")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of one timed step per implementation")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps per implementation")
+    p.add_argument("--tiny", action="store_true", help="train_step.py's 2-layer models: a smoke test (runs on CPU)")
+    p.add_argument("--tag", default=None, help="results file name (default: step_ab_<model>_s<context>)")
+    p.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    add_schedule_options(p)
+    args = p.parse_args(argv)
+    args.argv = argv
+    args.schedule = apply_schedule_options(p, args)
+    if len(args.attn) < 2 or len(set(args.attn)) != len(args.attn):
+        p.error(f"--attn needs at least two different implementations, got {args.attn}")
+    if args.rounds < 1 or args.warmup < 1:
+        p.error("--rounds and --warmup must be at least 1")
+    args.context = args.context or (TINY_CONTEXTS[0] if args.tiny else 8192)
+
+    if torch.cuda.is_available():
+        device, dtype = "cuda", torch.bfloat16
+    elif args.tiny:
+        device, dtype = "cpu", torch.float32
+        print("step_ab: no CUDA GPU: the --tiny model on CPU in fp32 (FP8 recipes through the emulation; a smoke "
+              "test, not a benchmark)", flush=True)
+    else:
+        print("step_ab: needs a CUDA GPU (use --tiny for a CPU smoke test)", file=sys.stderr)
+        return 2
+    register_attention(args.attn)
+    env = run_environment(device, dtype)
+    result = run(args, device, dtype)
+    rows = summarize(result, args)
+    tag = args.tag or f"step_ab_{args.model}_s{args.context}"
+    data = {"env": env, "args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows, **result}
+    write_results(args.out_dir, tag, render(env, rows, result, args), data)
+    return 0
+
+
+__all__ = ["paired_ratios", "quartiles", "round_orders"]
+
+if __name__ == "__main__":
+    sys.exit(main())
