@@ -128,6 +128,34 @@ def add_schedule_options(parser) -> None:
                              "kernels.forward_gluon.TOKEN_MAJOR_OUT)")
 
 
+def _schedule_tables():
+    """(module, attribute) of every switch :func:`apply_schedule_options` may set."""
+    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
+
+    return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
+            (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
+            (forward_gluon, "TOKEN_MAJOR_OUT"))
+
+
+def schedule_state() -> tuple:
+    """A snapshot of the switches :func:`apply_schedule_options` sets (tables copied), for
+    :func:`restore_schedule`: a script that switches them between steps returns to it first."""
+    return tuple((module, name, dict(value) if isinstance(value, dict) else value)
+                 for module, name in _schedule_tables() for value in (getattr(module, name),))
+
+
+def restore_schedule(state: tuple) -> None:
+    """Put back the switches of a :func:`schedule_state` snapshot (tables in place: the kernels'
+    modules hold references to them)."""
+    for module, name, value in state:
+        if isinstance(value, dict):
+            table = getattr(module, name)
+            table.clear()
+            table.update(value)
+        else:
+            setattr(module, name, value)
+
+
 def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the

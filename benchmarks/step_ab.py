@@ -11,7 +11,13 @@ rounds of that round's ratio, so a drift shared by the steps of a round cancels;
 gives the quartiles of those per-round ratios, i.e. how far one round can be trusted.
 
     python benchmarks/step_ab.py --model llama0.9b --context 8192 --attn sdpa,fp8_delta,fp8_delta_fast
+    python benchmarks/step_ab.py --attn sdpa,fp8_delta_fast,fp8_delta_fast@token-major-out=0   # a switch's A/B
     python benchmarks/step_ab.py --tiny --rounds 3     # CPU smoke test (FP8 through the emulation)
+
+A variant ``IMPL@OPTION=VALUE[@OPTION...]`` runs ``IMPL`` with launch-schedule options of its own
+(``recipe_names.add_schedule_options``: ``token-major-out=0``, ``fold-stats=0``, ``backward-chunks=2``,
+``chunk-by-size``, ...), set before each of its steps on top of the run's own and put back after, so
+one model can A/B a kernel switch step by step as well as two implementations.
 
 The models are ``train_step.py``'s (built from a config, no download), eager mode, bf16 on a GPU.
 Peak memory is not separable here (one model, one optimizer): ``train_step.py`` reports it. Every
@@ -31,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_attention import write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
-from recipe_names import add_schedule_options, apply_schedule_options  # noqa: E402
+from recipe_names import (add_schedule_options, apply_schedule_options, restore_schedule,  # noqa: E402
+                          schedule_state)
 from train_step import (MODELS, TINY_CONTEXTS, _Clock, _csv, model_config, register_attention,  # noqa: E402
                         run_environment, training_optimizer)
 
@@ -54,6 +61,29 @@ def paired_ratios(times: dict[str, list[float]], reference: str) -> dict[str, li
     """Per round, each implementation's speed over the reference's: reference step time / its own."""
     ref = times[reference]
     return {name: [r / t for r, t in zip(ref, ts)] for name, ts in times.items()}
+
+
+class Variant:
+    """One ``--attn`` entry: an attention implementation, optionally with schedule options of its own
+    (``IMPL@OPTION=VALUE@...``, module docstring)."""
+
+    def __init__(self, text: str):
+        self.name = text
+        self.impl, *options = text.split("@")
+        argv = []
+        for option in options:
+            key, _, value = option.partition("=")
+            argv += [f"--{key}"] + ([value] if value else [])
+        self.parser = argparse.ArgumentParser(prog=f"step_ab.py --attn {text}", add_help=False)
+        add_schedule_options(self.parser)
+        self.args = self.parser.parse_args(argv)  # an unknown option or value exits with its message
+        self.options = bool(options)
+
+    def apply(self, base: tuple) -> str:
+        """The run's switches (``base``, a :func:`recipe_names.schedule_state`), then this variant's;
+        returns the variant's note."""
+        restore_schedule(base)
+        return apply_schedule_options(self.parser, self.args) if self.options else ""
 
 
 class _Stepper:
@@ -85,35 +115,44 @@ class _Stepper:
 
 def run(args, device: str, dtype: torch.dtype) -> dict:
     config = model_config(args.model, args.tiny)
-    model = build_model(config, args.attn[0], dtype=dtype, device=device, seed=0)
+    variants = {v.name: v for v in args.variants}
+    base = schedule_state()
+    model = build_model(config, args.variants[0].impl, dtype=dtype, device=device, seed=0)
     model.train()
     step = _Stepper(model, args.context, config.vocab_size, device)
     clock = _Clock(device)
     losses = []
 
-    def timed(impl: str) -> float:
+    def use(name: str) -> None:
+        variants[name].apply(base)
+        step.use(variants[name].impl)
+
+    def timed(name: str) -> float:
         out = {}
-        step.use(impl)
+        use(name)
         clock.sync()  # the previous step's tail does not run into this one's timing
         seconds = clock.time(lambda: out.setdefault("loss", step()))
         loss = out["loss"].item()
         if not math.isfinite(loss):
-            raise FloatingPointError(f"{impl}: non-finite loss {loss} in a timed step")
+            raise FloatingPointError(f"{name}: non-finite loss {loss} in a timed step")
         losses.append(loss)
         return seconds * 1e3
 
-    for impl in args.attn:  # warm-up: compiles, allocator, optimizer state
-        step.use(impl)
-        for _ in range(args.warmup):
-            step()
-    clock.sync()
-    times = {impl: [] for impl in args.attn}
-    for number, order in enumerate(round_orders(args.attn, args.rounds), 1):
-        for impl in order:
-            times[impl].append(timed(impl))
-        if number % 5 == 0 or number == args.rounds:
-            print(f"step_ab: round {number} of {args.rounds}: "
-                  + ", ".join(f"{impl} {times[impl][-1]:.1f} ms" for impl in args.attn), flush=True)
+    try:
+        for name in args.attn:  # warm-up: compiles, allocator, optimizer state
+            use(name)
+            for _ in range(args.warmup):
+                step()
+        clock.sync()
+        times = {name: [] for name in args.attn}
+        for number, order in enumerate(round_orders(args.attn, args.rounds), 1):
+            for name in order:
+                times[name].append(timed(name))
+            if number % 5 == 0 or number == args.rounds:
+                print(f"step_ab: round {number} of {args.rounds}: "
+                      + ", ".join(f"{name} {times[name][-1]:.1f} ms" for name in args.attn), flush=True)
+    finally:
+        restore_schedule(base)
     return {"params": sum(p.numel() for p in model.parameters()), "fused_adamw": step.fused,
             "times_ms": times, "losses": losses}
 
@@ -153,7 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama0.9b", choices=list(MODELS))
     p.add_argument("--context", type=int, default=None, help="tokens per step (default 8192; 256 with --tiny)")
     p.add_argument("--attn", type=_csv(), default=["sdpa", "fp8_delta", "fp8_delta_fast"],
-                   help="attention implementations; the first is the reference of the ratios")
+                   help="attention implementations, each optionally IMPL@OPTION=VALUE... with schedule options "
+                        "of its own; the first is the reference of the ratios")
     p.add_argument("--rounds", type=int, default=20, help="rounds of one timed step per implementation")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per implementation")
     p.add_argument("--tiny", action="store_true", help="train_step.py's 2-layer models: a smoke test (runs on CPU)")
@@ -165,6 +205,13 @@ def main(argv=None) -> int:
     args.schedule = apply_schedule_options(p, args)
     if len(args.attn) < 2 or len(set(args.attn)) != len(args.attn):
         p.error(f"--attn needs at least two different implementations, got {args.attn}")
+    args.variants = [Variant(text) for text in args.attn]
+    base = schedule_state()
+    try:
+        for variant in args.variants:  # a bad value (e.g. backward-chunks=0) fails here, before any model
+            variant.apply(base)
+    finally:
+        restore_schedule(base)
     if args.rounds < 1 or args.warmup < 1:
         p.error("--rounds and --warmup must be at least 1")
     args.context = args.context or (TINY_CONTEXTS[0] if args.tiny else 8192)
@@ -178,12 +225,13 @@ def main(argv=None) -> int:
     else:
         print("step_ab: needs a CUDA GPU (use --tiny for a CPU smoke test)", file=sys.stderr)
         return 2
-    register_attention(args.attn)
+    register_attention([v.impl for v in args.variants])
     env = run_environment(device, dtype)
     result = run(args, device, dtype)
     rows = summarize(result, args)
     tag = args.tag or f"step_ab_{args.model}_s{args.context}"
-    data = {"env": env, "args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows, **result}
+    data = {"env": env, "args": {k: v for k, v in vars(args).items() if k not in ("argv", "variants")},
+            "rows": rows, **result}
     write_results(args.out_dir, tag, render(env, rows, result, args), data)
     return 0
 

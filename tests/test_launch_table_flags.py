@@ -143,3 +143,38 @@ def test_schedule_option_token_major_out_sets_the_switch(monkeypatch):
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--token-major-out", str(value)]))
         assert forward.TOKEN_MAJOR_OUT is forward_gluon.TOKEN_MAJOR_OUT is bool(value)
         assert note == f"TOKEN_MAJOR_OUT={bool(value)}"
+
+
+def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
+    """``schedule_state`` / ``restore_schedule`` (``step_ab.py``'s variants switch between steps): every
+    switch the schedule options set returns to its value, the tables in place (the kernels' modules
+    hold them)."""
+    pytest.importorskip("triton")
+    import argparse
+
+    import recipe_names
+    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
+
+    def values():
+        return (dict(backward.LAUNCH), dict(gluon_hopper.DISPATCH), exponent.FMA_EXPONENT,
+                exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
+                forward_gluon.TOKEN_MAJOR_OUT)
+
+    for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
+                                (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True)):
+        monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
+    before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
+    state = recipe_names.schedule_state()
+    parser = argparse.ArgumentParser()
+    recipe_names.add_schedule_options(parser)
+    flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
+             "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0"]
+    try:
+        recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
+        changed = values()
+        # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
+        assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True], changed
+    finally:
+        recipe_names.restore_schedule(state)
+    assert values() == before
+    assert backward.LAUNCH is launch_table and gluon_hopper.DISPATCH is dispatch_table

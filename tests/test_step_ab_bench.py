@@ -55,6 +55,42 @@ def test_every_timed_step_runs_the_implementation_it_is_timed_as(tmp_path, monke
     assert "| fp8_delta |" in text
 
 
+def test_a_variant_sets_its_switches_for_its_own_steps_only(tmp_path, monkeypatch):
+    """``IMPL@token-major-out=0``: the same implementation with a kernel switch of its own, set
+    before each of its steps and put back after; the run leaves every switch as it found it."""
+    pytest.importorskip("triton")
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import hf_fp8_attention  # noqa: F401
+    from hf_fp8_attention.kernels import forward, forward_gluon
+
+    seen = []
+    wrapped = ALL_ATTENTION_FUNCTIONS["fp8_delta"]
+
+    def recording(*args, **kwargs):
+        seen.append((forward.TOKEN_MAJOR_OUT, forward_gluon.TOKEN_MAJOR_OUT))
+        return wrapped(*args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "fp8_delta", recording)
+    before = (forward.TOKEN_MAJOR_OUT, forward_gluon.TOKEN_MAJOR_OUT)
+    assert step_ab.main(["--tiny", "--rounds", "2", "--warmup", "1", "--out-dir", str(tmp_path), "--tag", "ab",
+                         "--attn", "fp8_delta,fp8_delta@token-major-out=0"]) == 0
+    assert seen.count((True, True)) == seen.count((False, False)) == 2 * (1 + 2) and len(seen) == 12
+    assert (forward.TOKEN_MAJOR_OUT, forward_gluon.TOKEN_MAJOR_OUT) == before == (True, True)
+    data = json.loads((tmp_path / "ab.json").read_text())
+    assert [r["attn"] for r in data["rows"]] == ["fp8_delta", "fp8_delta@token-major-out=0"]
+
+
+def test_a_variant_with_an_unknown_option_or_a_bad_value_is_refused(capsys):
+    pytest.importorskip("triton")
+    with pytest.raises(SystemExit):
+        step_ab.main(["--tiny", "--attn", "sdpa,fp8_delta@no-such-switch=1"])
+    assert "unrecognized arguments: --no-such-switch 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        step_ab.main(["--tiny", "--attn", "sdpa,fp8_delta@backward-chunks=0"])
+    assert "--backward-chunks must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_one_implementation_or_a_repeat_is_refused(capsys):
     for attn in ("sdpa", "sdpa,sdpa"):
         with pytest.raises(SystemExit):
