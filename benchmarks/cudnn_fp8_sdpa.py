@@ -15,8 +15,9 @@ one fwd+bwd (:meth:`CudnnFp8Attention.calibrate`, delayed scaling's way).
 :meth:`CudnnFp8Attention.errors` compares O and the gradients with that reference, so
 that a wrong mask or scale cannot pass as a fast baseline.
 
-Layouts: q (B, H, S, D), k, v (B, Hkv, S, D) bf16, as ``bench_attention.py`` makes them; the FP8
-copies are token-major (B, S, H, D), cuDNN's usual layout.
+Layouts: q (B, H, S, D), k, v (B, Hkv, S, D), bf16 as ``bench_attention.py`` makes them or fp32 (the
+fixture's, ``recipe_errors.py --recipes ... cudnn_fp8``); the FP8 copies are token-major (B, S, H, D),
+cuDNN's usual layout.
 """
 from __future__ import annotations
 
@@ -63,9 +64,11 @@ def _scalar(value: float) -> torch.Tensor:
 
 
 class CudnnFp8Attention:
-    """cuDNN FP8 SDPA for one shape: q (B, H, S, D), k, v (B, Hkv, S, D) bf16, causal or not."""
+    """cuDNN FP8 SDPA for one shape: q (B, H, S, D), k, v (B, Hkv, S, D) (bf16 or fp32), causal or not;
+    ``scale`` the softmax scale (default 1/sqrt(D))."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dout: torch.Tensor):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dout: torch.Tensor,
+                 scale: float | None = None):
         import cudnn
 
         self.cudnn = cudnn
@@ -73,7 +76,7 @@ class CudnnFp8Attention:
         hkv = k.shape[1]
         self.shape = (b, h, hkv, s, d)
         self.causal = causal
-        self.attn_scale = 1.0 / math.sqrt(d)
+        self.attn_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         self.handle = cudnn.create_handle()
         cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         self.q, self.k, self.v, self.dout = q, k, v, dout
@@ -249,21 +252,28 @@ class CudnnFp8Attention:
         q, k, v = (t.detach().float().requires_grad_() for t in (self.q, self.k, self.v))
         groups = q.shape[1] // k.shape[1]
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=self.causal)
+            q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=self.causal,
+            scale=self.attn_scale)
         o.backward(self.dout.float())
         return {"o": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
-    def errors(self) -> dict:
-        """Relative errors (Frobenius) of O, dQ, dK and dV against float32 attention on the same bf16 inputs."""
+    def outputs(self) -> dict:
+        """One fwd+bwd; O and the gradients as float32 (B, H, S, D) / (B, Hkv, S, D) of the inputs' scale.
+        cuDNN dequantizes its inputs with the descales it is given and multiplies its outputs by their
+        scales (1 for bf16 outputs): dividing by those undoes them."""
         self.forward_backward()
         torch.cuda.synchronize()
         fp8_out = self.o_dtype == E4M3
-        out = {"dP_amax_first_head": self.dP_first_head, "dP_amax_reported": self.reported_amax["dP"]}
-        # cuDNN dequantizes its inputs with the descales it is given and multiplies its outputs by their
-        # scales (1 for bf16 outputs): dividing by those gives O and gradients of the bf16 inputs.
         found = {"o": self.o, "dq": self.dq, "dk": self.dk, "dv": self.dv}
-        for name, ref in self.reference.items():
-            got = found[name].float().transpose(1, 2) / (self.out_scales[name] if fp8_out else 1.0)
+        return {name: t.float().transpose(1, 2) / (self.out_scales[name] if fp8_out else 1.0)
+                for name, t in found.items()}
+
+    def errors(self) -> dict:
+        """Relative errors (Frobenius) of O, dQ, dK and dV against float32 attention on the same inputs,
+        and the dP amaxes behind dP's scale (the first head's, and the one cuDNN reported)."""
+        out = {"dP_amax_first_head": self.dP_first_head, "dP_amax_reported": self.reported_amax["dP"]}
+        for name, got in self.outputs().items():
+            ref = self.reference[name]
             out[f"{name}_rel_err"] = ((got - ref).norm() / ref.norm()).item()
         return out
 

@@ -10,6 +10,11 @@ zero-row-sum residual (median over rows of |Σ_j dS_ij| / Σ_j P_ij |dP_ij|).
     python benchmarks/recipe_errors.py --fixture F --tokens 2048 --recipes fp8_delta fp8_delta_fast
     python benchmarks/recipe_errors.py --backend triton      # the kernels (CUDA)
     python benchmarks/recipe_errors.py --recipes fp8_delta --set kv_scales=head   # a variant
+    python benchmarks/recipe_errors.py --backend triton --recipes fp8_delta cudnn_fp8   # beside cuDNN's FP8
+
+``cudnn_fp8`` (``--backend triton`` only) is cuDNN's own FP8 attention (``cudnn_fp8_sdpa.py``: one
+scale per tensor, FP8 outputs on Hopper, dP's scale calibrated by one fwd+bwd first); its residual
+is not observable (n/a).
 
 ``--json PATH`` writes the numbers.
 """
@@ -30,6 +35,8 @@ from hf_fp8_attention.diagnostics import row_sum_residual  # noqa: E402
 from hf_fp8_attention.exact import exact_attention_grads  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
+
+CUDNN_FP8 = "cudnn_fp8"
 
 DEFAULT_FIXTURE = ROOT / "tests" / "data" / "smollm2_attention_s1024.pt"
 DEFAULT_RECIPES = ("fp8_delta", "fp8_stale", "fp8_delta_fast", "fp8_stale_fast", "fp8_delta_tile", "fp8_stale_tile")
@@ -78,16 +85,39 @@ def recipe_errors(q, k, v, do, config: FP8AttentionConfig, exact) -> dict[str, f
     return errors
 
 
+def cudnn_fp8_errors(q, k, v, do, exact) -> dict[str, float]:
+    """The errors of cuDNN's own FP8 attention (CUDA inputs) against ``exact``, as :func:`recipe_errors`."""
+    import cudnn_fp8_sdpa
+
+    ok, why = cudnn_fp8_sdpa.available()
+    if not ok:
+        raise RuntimeError(f"{CUDNN_FP8}: {why}")
+    attention = cudnn_fp8_sdpa.CudnnFp8Attention(q, k, v, True, do, scale=SCALE)
+    try:
+        got = attention.outputs()
+    finally:
+        attention.close()
+    errors = {n: rel(got[key], r) for n, key, r in zip(("O", "dQ", "dK", "dV"), ("o", "dq", "dk", "dv"), exact)}
+    errors["residual"] = float("nan")
+    return errors
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
     parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES))
+    parser.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES),
+                        help=f"recipe names, and {CUDNN_FP8} (cuDNN's FP8 attention; --backend triton only)")
     parser.add_argument("--backend", choices=("emulation", "triton"), default="emulation")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override config fields of every recipe, e.g. kv_scales=head")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.recipes if name not in RECIPES and name != CUDNN_FP8]
+    if unknown:
+        parser.error(f"unknown recipes {unknown}; choose from {', '.join(RECIPES)} or {CUDNN_FP8}")
+    if CUDNN_FP8 in args.recipes and args.backend != "triton":
+        parser.error(f"{CUDNN_FP8} runs cuDNN's kernels: it needs --backend triton (a CUDA GPU)")
     overrides = dict(item.split("=", 1) for item in args.set)
     for key, value in overrides.items():  # booleans arrive as text
         if value in ("True", "False"):
@@ -102,8 +132,11 @@ def main(argv=None) -> int:
         tensors = tuple(t.to(device) for t in tensors)
         exact = tuple(t.to(device) for t in exact)
         for name in args.recipes:
-            config = RECIPES[name].replace(backend=args.backend, **overrides)
-            err = recipe_errors(*tensors, config, exact)
+            if name == CUDNN_FP8:
+                err = cudnn_fp8_errors(*tensors, exact)
+            else:
+                config = RECIPES[name].replace(backend=args.backend, **overrides)
+                err = recipe_errors(*tensors, config, exact)
             results[f"{layer}/{name}"] = err
             print(f"{layer:>5} {name:<16} " + " ".join(f"{100 * err[n]:6.2f}%" for n in ("O", "dQ", "dK", "dV"))
                   + f" {err['residual']:9.1e}", flush=True)

@@ -57,3 +57,15 @@ def test_render_gives_ratios_to_cudnn_fp8_and_its_check():
     assert "| True | 16 | 128 | 8192 | 2 | 1 | 1 | 1 | 1.00 | 1.25 |" in text, text
     assert "| True | 16 | 128 | 8192 | 2 | float8_e4m3fn | 0.0312 | 0.0871 | 0.0654 | 0.0432 |" in text, text
     assert "| True | 16 | 128 | 16384 | 1 | RuntimeError: no graph |  |  |  |  |" in text, text
+
+
+def test_recipe_errors_takes_cudnn_fp8_on_the_gpu_backend_only(capsys):
+    """``recipe_errors.py --recipes ... cudnn_fp8`` (cuDNN's FP8 attention on the fixture) needs the
+    CUDA backend; an unknown name is refused with the choices."""
+    recipe_errors = pytest.importorskip("recipe_errors")
+    with pytest.raises(SystemExit):
+        recipe_errors.main(["--recipes", "fp8_delta", "cudnn_fp8"])
+    assert "cudnn_fp8 runs cuDNN's kernels: it needs --backend triton" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recipe_errors.main(["--recipes", "fp8_dleta"])
+    assert "unknown recipes ['fp8_dleta']" in capsys.readouterr().err
