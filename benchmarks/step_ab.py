@@ -40,7 +40,7 @@ from model_step import build_model  # noqa: E402
 from recipe_names import (add_schedule_options, apply_schedule_options, restore_schedule,  # noqa: E402
                           schedule_state)
 from train_step import (MODELS, TINY_CONTEXTS, _Clock, _csv, model_config, register_attention,  # noqa: E402
-                        run_environment, training_optimizer)
+                        run_environment, step_device, training_optimizer)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -216,15 +216,10 @@ def main(argv=None) -> int:
         p.error("--rounds and --warmup must be at least 1")
     args.context = args.context or (TINY_CONTEXTS[0] if args.tiny else 8192)
 
-    if torch.cuda.is_available():
-        device, dtype = "cuda", torch.bfloat16
-    elif args.tiny:
-        device, dtype = "cpu", torch.float32
-        print("step_ab: no CUDA GPU: the --tiny model on CPU in fp32 (FP8 recipes through the emulation; a smoke "
-              "test, not a benchmark)", flush=True)
-    else:
-        print("step_ab: needs a CUDA GPU (use --tiny for a CPU smoke test)", file=sys.stderr)
+    picked = step_device(args.tiny, "step_ab")
+    if picked is None:
         return 2
+    device, dtype = picked
     register_attention([v.impl for v in args.variants])
     env = run_environment(device, dtype)
     result = run(args, device, dtype)

@@ -117,6 +117,19 @@ def run_environment(device: str, dtype: torch.dtype) -> dict:
     return env
 
 
+def step_device(tiny: bool, prog: str) -> tuple[str, torch.dtype] | None:
+    """(device, dtype) of a training-step benchmark: bf16 on a CUDA GPU; without one, the ``--tiny``
+    models on CPU in fp32 (said on stdout), else None after saying why on stderr."""
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16
+    if tiny:
+        print(f"{prog}: no CUDA GPU: running the --tiny models on CPU in fp32 (FP8 recipes through the PyTorch "
+              "emulation; a smoke test, not a benchmark)", flush=True)
+        return "cpu", torch.float32
+    print(f"{prog}: needs a CUDA GPU (use --tiny for a CPU smoke test)", file=sys.stderr)
+    return None
+
+
 def training_optimizer(model) -> tuple[torch.optim.Optimizer, bool]:
     """(AdamW over ``model``'s parameters, whether it is the fused one): fused where the torch build
     and device allow it."""
@@ -405,15 +418,10 @@ def main(argv=None) -> int:
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be at least 1")
 
-    if torch.cuda.is_available():
-        device, dtype = "cuda", torch.bfloat16
-    elif args.tiny:
-        device, dtype = "cpu", torch.float32
-        print("train_step: no CUDA GPU: running the --tiny models on CPU in fp32 (FP8 recipes through the PyTorch "
-              "emulation; a smoke test, not a benchmark)", flush=True)
-    else:
-        print("train_step: needs a CUDA GPU (use --tiny for a CPU smoke test)", file=sys.stderr)
+    picked = step_device(args.tiny, "train_step")
+    if picked is None:
         return 2
+    device, dtype = picked
     register_attention(args.attn)
     env = run_environment(device, dtype)
     tag = args.tag or _default_tag(env, args.tiny)
