@@ -125,6 +125,21 @@ class CudnnFp8Attention:
         dt = self.cudnn.data_type
         return self.cudnn.pygraph(io_data_type=dt.FP8_E4M3, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT)
 
+    def _operands(self, g, uids, dtypes) -> list:
+        """Graph tensors of the (B, heads, S, D) operands ``uids`` (token-major storage), in ``dtypes``:
+        Q, dO and O have H heads, K and V Hkv (told apart by the uid's name)."""
+        b, h, hkv, s, d = self.shape
+        out = []
+        for uid, dtype in zip(uids, dtypes):
+            heads = hkv if uid.name in ("k", "v") else h
+            out.append(g.tensor(uid=uid, dim=(b, heads, s, d), stride=self._strides(heads), data_type=dtype))
+        return out
+
+    def _output(self, t, uid, dim, stride, dtype) -> None:
+        """Mark graph tensor ``t`` an output with this uid, shape, strides and cuDNN data type."""
+        t.set_uid(uid).set_output(True).set_dim(dim).set_stride(stride)
+        t.set_data_type(dtype)
+
     def _scalars(self, g, ids) -> list:
         return [g.tensor(uid=int(i), dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=self.cudnn.data_type.FLOAT)
                 for i in ids]
@@ -132,48 +147,36 @@ class CudnnFp8Attention:
     def _forward_graph(self, o_dtype):
         b, h, hkv, s, d = self.shape
         g = self._graph()
-        fp8 = self.cudnn.data_type.FP8_E4M3
-        q = g.tensor(uid=_Fwd.q, dim=(b, h, s, d), stride=self._strides(h), data_type=fp8)
-        k = g.tensor(uid=_Fwd.k, dim=(b, hkv, s, d), stride=self._strides(hkv), data_type=fp8)
-        v = g.tensor(uid=_Fwd.v, dim=(b, hkv, s, d), stride=self._strides(hkv), data_type=fp8)
+        fp8, f32 = self.cudnn.data_type.FP8_E4M3, self.cudnn.data_type.FLOAT
+        q, k, v = self._operands(g, (_Fwd.q, _Fwd.k, _Fwd.v), (fp8,) * 3)
         dq_, dk_, dv_, ds_, ss_, so_ = self._scalars(g, (_Fwd.q_descale, _Fwd.k_descale, _Fwd.v_descale,
                                                          _Fwd.s_descale, _Fwd.s_scale, _Fwd.o_scale))
         o, stats, s_amax, o_amax = g.sdpa_fp8(
             q=q, k=k, v=v, descale_q=dq_, descale_k=dk_, descale_v=dv_, descale_s=ds_, scale_s=ss_, scale_o=so_,
             generate_stats=True, attn_scale=self.attn_scale, use_causal_mask=False, **self._mask_kwargs())
-        o.set_uid(_Fwd.o).set_output(True).set_dim((b, h, s, d)).set_stride(self._strides(h))
-        o.set_data_type(self._type(o_dtype))
-        stats.set_uid(_Fwd.stats).set_output(True).set_dim((b, h, s, 1)).set_stride((h * s, s, 1, 1))
-        stats.set_data_type(self.cudnn.data_type.FLOAT)
+        self._output(o, _Fwd.o, (b, h, s, d), self._strides(h), self._type(o_dtype))
+        self._output(stats, _Fwd.stats, (b, h, s, 1), (h * s, s, 1, 1), f32)
         for t, uid in ((s_amax, _Fwd.s_amax), (o_amax, _Fwd.o_amax)):
-            t.set_uid(uid).set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1))
-            t.set_data_type(self.cudnn.data_type.FLOAT)
+            self._output(t, uid, (1, 1, 1, 1), (1, 1, 1, 1), f32)
         return g
 
     def _backward_graph(self, o_dtype):
         b, h, hkv, s, d = self.shape
         g = self._graph()
-        fp8 = self.cudnn.data_type.FP8_E4M3
-        q = g.tensor(uid=_Bwd.q, dim=(b, h, s, d), stride=self._strides(h), data_type=fp8)
-        k = g.tensor(uid=_Bwd.k, dim=(b, hkv, s, d), stride=self._strides(hkv), data_type=fp8)
-        v = g.tensor(uid=_Bwd.v, dim=(b, hkv, s, d), stride=self._strides(hkv), data_type=fp8)
-        o = g.tensor(uid=_Bwd.o, dim=(b, h, s, d), stride=self._strides(h), data_type=self._type(o_dtype))
-        do = g.tensor(uid=_Bwd.dO, dim=(b, h, s, d), stride=self._strides(h), data_type=fp8)
-        stats = g.tensor(uid=_Bwd.stats, dim=(b, h, s, 1), stride=(h * s, s, 1, 1),
-                         data_type=self.cudnn.data_type.FLOAT)
+        fp8, f32 = self.cudnn.data_type.FP8_E4M3, self.cudnn.data_type.FLOAT
+        q, k, v, o, do = self._operands(g, (_Bwd.q, _Bwd.k, _Bwd.v, _Bwd.o, _Bwd.dO),
+                                        (fp8, fp8, fp8, self._type(o_dtype), fp8))
+        stats = g.tensor(uid=_Bwd.stats, dim=(b, h, s, 1), stride=(h * s, s, 1, 1), data_type=f32)
         scalars = self._scalars(g, range(_Bwd.q_descale, _Bwd.dP_scale + 1))
         names = ("descale_q", "descale_k", "descale_v", "descale_o", "descale_dO", "descale_s", "descale_dP",
                  "scale_s", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
         dq, dk, dv, *amaxes = g.sdpa_fp8_backward(
             q=q, k=k, v=v, o=o, dO=do, stats=stats, attn_scale=self.attn_scale, use_padding_mask=False,
-            **dict(zip(names, scalars)), **({"diagonal_alignment": self.cudnn.diagonal_alignment.TOP_LEFT,
-                                              "right_bound": 0} if self.causal else {}))
+            **dict(zip(names, scalars)), **self._mask_kwargs())
         for t, uid, heads in ((dq, _Bwd.dQ, h), (dk, _Bwd.dK, hkv), (dv, _Bwd.dV, hkv)):
-            t.set_uid(uid).set_output(True).set_dim((b, heads, s, d)).set_stride(self._strides(heads))
-            t.set_data_type(self._type(o_dtype))
+            self._output(t, uid, (b, heads, s, d), self._strides(heads), self._type(o_dtype))
         for t, uid in zip(amaxes, (_Bwd.dQ_amax, _Bwd.dK_amax, _Bwd.dV_amax, _Bwd.dP_amax)):
-            t.set_uid(uid).set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1))
-            t.set_data_type(self.cudnn.data_type.FLOAT)
+            self._output(t, uid, (1, 1, 1, 1), (1, 1, 1, 1), f32)
         return g
 
     def _build(self, g):
