@@ -285,11 +285,8 @@ def run(args) -> tuple[dict, list[dict]]:
                     row["sdpa_cudnn_fp8/check"] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             if args.memory:
                 for name, impl in impls.items():
-                    if isinstance(impl, _CudnnFp8):
-                        row[f"{name}/peak_mib"] = None
-                        continue
-                    if name.startswith("fp8") and not bwd_ok:
-                        row[f"{name}/peak_mib"] = None
+                    if isinstance(impl, _CudnnFp8) or (name.startswith("fp8") and not bwd_ok):
+                        row[f"{name}/peak_mib"] = None  # not an autograd op, or no FP8 backward kernel
                         continue
                     try:
                         row[f"{name}/peak_mib"] = _peak_step_mib(impl, q, k, v)
