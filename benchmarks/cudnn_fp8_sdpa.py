@@ -30,6 +30,10 @@ E4M3 = torch.float8_e4m3fn
 MIN_CUDNN = 91400  # sdpa_fp8 with the diagonal-band (causal) options
 
 
+class CudnnFp8Refused(RuntimeError):
+    """cuDNN builds no FP8 SDPA graph for this shape here (e.g. Hopper's head_dim 128 only)."""
+
+
 def available() -> tuple[bool, str]:
     """(True, "") where cuDNN's FP8 SDPA can run here, else (False, why)."""
     try:
@@ -101,7 +105,7 @@ class CudnnFp8Attention:
             self.o_dtype = o_dtype
             break
         if self.o_dtype is None:
-            raise RuntimeError(f"cuDNN builds no FP8 SDPA for (B, H, Hkv, S, D) = {self.shape}: {refused}")
+            raise CudnnFp8Refused(f"cuDNN builds no FP8 SDPA for (B, H, Hkv, S, D) = {self.shape}: {refused}")
         self.refused = refused
         self._allocate()
         self.calibrate()
@@ -284,4 +288,4 @@ class CudnnFp8Attention:
         self.cudnn.destroy_handle(self.handle)
 
 
-__all__ = ["CudnnFp8Attention", "available", "fp8_scale"]
+__all__ = ["CudnnFp8Attention", "CudnnFp8Refused", "available", "fp8_scale"]

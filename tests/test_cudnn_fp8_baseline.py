@@ -3,6 +3,7 @@ rule, its refusal where cuDNN's FP8 attention cannot run, and the table section 
 computed. Its graphs run in the GPU benchmark only."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -69,3 +70,23 @@ def test_recipe_errors_takes_cudnn_fp8_on_the_gpu_backend_only(capsys):
     with pytest.raises(SystemExit):
         recipe_errors.main(["--recipes", "fp8_dleta"])
     assert "unknown recipes ['fp8_dleta']" in capsys.readouterr().err
+
+
+def test_recipe_errors_reports_a_cudnn_refusal_once_and_goes_on(monkeypatch, capsys, tmp_path):
+    """Where cuDNN builds no FP8 graph for the fixture's shape (Hopper: head_dim 128 only, the fixture's
+    is 64), ``cudnn_fp8`` gets one row saying so, in the table and the JSON, and is not asked again."""
+    recipe_errors = pytest.importorskip("recipe_errors")
+    calls = []
+
+    def refuse(q, *rest):
+        calls.append(tuple(q.shape))
+        raise recipe_errors.CudnnFp8Refused("cuDNN builds no FP8 SDPA for (B, H, Hkv, S, D) = ...: hidden_dim 128")
+
+    monkeypatch.setattr(recipe_errors, "cudnn_fp8_errors", refuse)
+    monkeypatch.setitem(recipe_errors.BACKEND_DEVICE, "triton", "cpu")  # no kernels run: cuDNN's row only
+    out_json = tmp_path / "errors.json"
+    assert recipe_errors.main(["--backend", "triton", "--recipes", "cudnn_fp8", "--tokens", "64",
+                               "--json", str(out_json)]) == 0
+    assert len(calls) == 1 and len(recipe_errors.load_layers(recipe_errors.DEFAULT_FIXTURE, 64)) > 1
+    assert "cudnn_fp8        refused, every layer: cuDNN builds no FP8 SDPA" in capsys.readouterr().out
+    assert "hidden_dim 128" in json.loads(out_json.read_text())["cudnn_fp8"]["refused"]
