@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention import RECIPES, SUPPORTED_HEAD_DIMS, fp8_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fp8_accumulation import add_accumulation_option, apply_accumulation_option  # noqa: E402
 from recipe_names import (CONFIG_FLAGS, SCHEDULE_FLAGS, add_schedule_options, apply_launch_tables,  # noqa: E402
                           apply_schedule_options, fresh_memory_peak, recipe_config)
 
@@ -93,9 +94,11 @@ def parse_args(argv=None):
     p.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                    help="entries of sequence_stats.ROTATED_PARTIALS for this run (e.g. stages=None)")
     add_schedule_options(p)
+    add_accumulation_option(p)
     args = p.parse_args(argv)
     apply_launch_tables(p, args.quant_launch, args.stats_launch)
     args.schedule = apply_schedule_options(p, args)
+    args.accumulation = apply_accumulation_option(p, args)
     bad = set(args.modes) - set(FLOP_FACTOR)
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
@@ -361,6 +364,8 @@ def render(env, rows, args) -> str:
         lines += ["", f"Statistics launch table set for this run: `{args.stats_launch}`"]
     if args.schedule:
         lines += ["", f"Launch schedule set for this run: {args.schedule} ({SCHEDULE_FLAGS})"]
+    if args.accumulation:
+        lines += ["", f"Kernels compiled with {args.accumulation} k-elements (`--promote-accumulation`)"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

@@ -11,6 +11,7 @@ zero-row-sum residual (median over rows of |Σ_j dS_ij| / Σ_j P_ij |dP_ij|).
     python benchmarks/recipe_errors.py --backend triton      # the kernels (CUDA)
     python benchmarks/recipe_errors.py --recipes fp8_delta --set kv_scales=head   # a variant
     python benchmarks/recipe_errors.py --backend triton --recipes fp8_delta cudnn_fp8   # beside cuDNN's FP8
+    python benchmarks/recipe_errors.py --backend triton --promote-accumulation 32   # FP32-promoted MMAs
 
 ``cudnn_fp8`` (``--backend triton`` only) is cuDNN's own FP8 attention (``cudnn_fp8_sdpa.py``: one
 scale per tensor, FP8 outputs on Hopper, dP's scale calibrated by one fwd+bwd first); its residual
@@ -38,6 +39,7 @@ from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_backward, emulated_forward  # noqa: E402
 import cudnn_fp8_sdpa  # noqa: E402  (beside this script; imports cudnn only when called)
 from cudnn_fp8_sdpa import CudnnFp8Refused  # noqa: E402
+from fp8_accumulation import add_accumulation_option, apply_accumulation_option  # noqa: E402
 
 CUDNN_FP8 = "cudnn_fp8"
 
@@ -58,7 +60,7 @@ def load_layers(path: Path, tokens: int) -> dict[int, tuple[torch.Tensor, ...]]:
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref).norm() / ref.norm())
+    return float((x.detach().double() - ref).norm() / ref.norm())
 
 
 def emulate(q, k, v, do, config: FP8AttentionConfig):
@@ -116,12 +118,16 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                         help="override config fields of every recipe, e.g. kv_scales=head")
+    add_accumulation_option(parser)
     args = parser.parse_args(argv)
     unknown = [name for name in args.recipes if name not in RECIPES and name != CUDNN_FP8]
     if unknown:
         parser.error(f"unknown recipes {unknown}; choose from {', '.join(RECIPES)} or {CUDNN_FP8}")
     if CUDNN_FP8 in args.recipes and args.backend != "triton":
         parser.error(f"{CUDNN_FP8} runs cuDNN's kernels: it needs --backend triton (a CUDA GPU)")
+    if args.promote_accumulation is not None and args.backend != "triton":
+        parser.error("--promote-accumulation sets how the kernels compile: it needs --backend triton")
+    accumulation = apply_accumulation_option(parser, args)
     overrides = dict(item.split("=", 1) for item in args.set)
     for key, value in overrides.items():  # booleans arrive as text
         if value in ("True", "False"):
@@ -130,6 +136,8 @@ def main(argv=None) -> int:
     results, refused = {}, None
     if overrides:
         print(f"every recipe with {overrides}")
+    if accumulation:
+        print(f"kernels compiled with {accumulation} k-elements")
     print(f"{'layer':>5} {'recipe':<16} {'O':>7} {'dQ':>7} {'dK':>7} {'dV':>7} {'residual':>9}")
     for layer, tensors in load_layers(args.fixture, args.tokens).items():
         exact = exact_attention_grads(*tensors[:3], tensors[3], scale=SCALE, mask=MaskSpec(causal=True))
