@@ -365,7 +365,7 @@ def render(env, rows, args) -> str:
     if args.schedule:
         lines += ["", f"Launch schedule set for this run: {args.schedule} ({SCHEDULE_FLAGS})"]
     if args.accumulation:
-        lines += ["", f"Kernels compiled with {args.accumulation} k-elements (`--promote-accumulation`)"]
+        lines += ["", f"Kernels compiled with {args.accumulation} (`--promote-accumulation`)"]
     if env.get("forward_autotune"):
         lines.append("")
         lines.append("Forward autotuner choices: " + "; ".join(f"`{k}` -> `{v}`" for k, v in env["forward_autotune"].items()))

@@ -7,7 +7,9 @@ Triton never promotes that accumulator there by default (``max_num_imprecise_acc
 compiles adds each N k-elements' partial sum into a separate FP32 accumulator with ordinary adds
 (N = 32: after every FP8 instruction, the most precise). What it buys: the kernels' errors then
 match the emulation's, which multiplies in fp32 (``results/h100_v46_fp8_accumulation.log``). What it
-costs (a second accumulator's registers, the adds) is for the benchmark to measure.
+costs: a second, partial accumulator's registers and the adds (compiled offline, every Gluon kernel
+spills when promoted after every instruction: ``results/cpu_v46_offline_promoted_accumulation.log``);
+the time is for the benchmark to measure.
 
 Compiled kernels are cached in memory by their arguments, not by this option: it must be set before
 the process compiles its first kernel, and an A/B runs each side in its own process (and Triton
@@ -59,7 +61,7 @@ def apply_accumulation_option(parser, args) -> str:
         promote_fp8_accumulation(args.promote_accumulation)
     except ValueError as err:
         parser.error(f"--promote-accumulation: {err}")
-    return f"fp8 accumulation promoted every {args.promote_accumulation}"
+    return f"FP8 accumulation promoted to FP32 every {args.promote_accumulation} k-elements"
 
 
 __all__ = ["MIN_EVERY", "add_accumulation_option", "apply_accumulation_option", "promote_fp8_accumulation"]

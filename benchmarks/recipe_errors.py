@@ -94,7 +94,6 @@ def recipe_errors(q, k, v, do, config: FP8AttentionConfig, exact) -> dict[str, f
 def cudnn_fp8_errors(q, k, v, do, exact) -> dict[str, float]:
     """The errors of cuDNN's own FP8 attention (CUDA inputs) against ``exact``, as :func:`recipe_errors`;
     raises :class:`CudnnFp8Refused` where cuDNN builds no graph for the shape."""
-
     ok, why = cudnn_fp8_sdpa.available()
     if not ok:
         raise RuntimeError(f"{CUDNN_FP8}: {why}")
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
     if overrides:
         print(f"every recipe with {overrides}")
     if accumulation:
-        print(f"kernels compiled with {accumulation} k-elements")
+        print(f"kernels compiled with {accumulation}")
     print(f"{'layer':>5} {'recipe':<16} {'O':>7} {'dQ':>7} {'dK':>7} {'dV':>7} {'residual':>9}")
     for layer, tensors in load_layers(args.fixture, args.tokens).items():
         exact = exact_attention_grads(*tensors[:3], tensors[3], scale=SCALE, mask=MaskSpec(causal=True))

@@ -53,7 +53,7 @@ def test_bench_attention_flag_sets_it_and_says_so(backend, capsys):
     env = {"gpu": "GPU", "capability": "sm_90", "torch": "t", "triton": "tr", "cuda": "c", "cudnn": 1,
            "python": "p", "date_utc": "d", "fp8_backward_kernel": "available"}
     text = bench_attention.render(env, [], args)
-    assert "Kernels compiled with fp8 accumulation promoted every 32 k-elements" in text, text
+    assert "Kernels compiled with FP8 accumulation promoted to FP32 every 32 k-elements" in text, text
 
 
 def test_recipe_errors_takes_the_flag_for_the_kernels_only(backend, capsys):
