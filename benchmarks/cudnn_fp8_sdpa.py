@@ -69,10 +69,14 @@ def _scalar(value: float) -> torch.Tensor:
 
 class CudnnFp8Attention:
     """cuDNN FP8 SDPA for one shape: q (B, H, S, D), k, v (B, Hkv, S, D) (bf16 or fp32), causal or not;
-    ``scale`` the softmax scale (default 1/sqrt(D))."""
+    ``scale`` the softmax scale (default 1/sqrt(D)). Raises RuntimeError where it cannot run here
+    (:func:`available`'s reason), :class:`CudnnFp8Refused` where cuDNN builds no graph for the shape."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dout: torch.Tensor,
                  scale: float | None = None):
+        ok, why = available()
+        if not ok:
+            raise RuntimeError(f"cuDNN's FP8 SDPA cannot run here: {why}")
         import cudnn
 
         self.cudnn = cudnn

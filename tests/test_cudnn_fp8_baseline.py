@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -31,6 +32,9 @@ def test_available_names_what_is_missing():
     ok, why = cudnn_fp8_sdpa.available()
     if not ok:  # a CPU machine: cudnn-frontend missing, or no Hopper GPU
         assert why and ("cudnn-frontend" in why or "GPU" in why or "cuDNN" in why)
+        x = torch.zeros(1, 1, 16, 64)
+        with pytest.raises(RuntimeError, match="cuDNN's FP8 SDPA cannot run here: "):
+            cudnn_fp8_sdpa.CudnnFp8Attention(x, x, x, True, x)
 
 
 def test_cudnn_fp8_is_a_baseline_and_unknown_ones_are_refused(capsys):
