@@ -35,7 +35,7 @@ INT_PTRS = {"cu_q_ptr", "cu_k_ptr", "tile_off_ptr", "CU_Q", "CU_K", "TOFF_K", "T
 BF16_PTRS = {"q_ptr", "out_ptr", "DO", "O", "DQ", "DK", "DV", "Q", "K", "V"}
 FLOATS = {"qk_scale", "tau", "softcap"}
 INTS = {"H", "G", "HQ", "HKV", "SQ", "SK", "D", "NT", "S_PAD", "SQ_TOTAL", "SK_TOTAL", "SK_PAD", "SQ_PAD", "NT_K",
-        "OUT_SB", "OUT_SH", "OUT_SS",
+        "OUT_SB", "OUT_SH", "OUT_SS", "Q_SB", "Q_SH", "Q_SS",
         "NT_Q"}
 MODS = {"off": (False, False, False), "softcap": (True, False, False), "sinks": (False, True, True),
         "all": (True, True, True)}  # (SOFTCAP, ROW_SHIFT, SINK)
@@ -107,12 +107,14 @@ GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", 
                   "OUT_STRIDED": "TOKEN_MAJOR_OUT"}
 
 
-def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True):
+def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True,
+                  q_in: bool = False):
     """One of the Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py, ``"dq"``:
     kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
     kernels/forward_gluon.py) built for sm_90a at head dim ``d``, as the package launches it;
     ``qdo_head``: Q's and dO's row scales one per head (the fast recipes) or per token (dK/dV's
-    QDO_HEAD). None where this Triton has no Gluon."""
+    QDO_HEAD); ``q_in``: the forward makes Q's codes from the bf16 input (forward_gluon.QUANTIZE_Q),
+    one scale per head with ``qdo_head``. None where this Triton has no Gluon."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -137,8 +139,13 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         mod = forward_gluon
         kernel = mod._fwd_kernel
         consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N, LOG2_PMAX=mod.LOG2_PMAX)
-        descs = dict(q_desc=(mod.HALF_Q, d), k_desc=(mod.BLOCK_N, d), vt_desc=(d, mod.BLOCK_N))
-        outs = ("OUT", )
+        descs = dict(k_desc=(mod.BLOCK_N, d), vt_desc=(d, mod.BLOCK_N))
+        if q_in:
+            consts.update(q_desc=None, Q_IN=True, Q_HEAD=qdo_head, POW2=False)
+        else:
+            descs["q_desc"] = (mod.HALF_Q, d)
+            consts.update(h_desc=None, Q_IN=False, Q_HEAD=False, POW2=False)
+        outs = ("OUT", "Q") if q_in else ("OUT", )
     else:
         mod = backward_dq_gluon if kernel_name == "dq" else backward_stats_gluon
         kernel = mod._dq_kernel if kernel_name == "dq" else mod._stats_kernel
@@ -163,6 +170,9 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
     sig = {name: "i32" for name in kernel.arg_names}
     sig.update({name: "*fp32" for name in kernel.arg_names if name.isupper() and name not in INTS})
     sig.update({name: desc(block) for name, block in descs.items()})
+    if "h_desc" in kernel.arg_names and "h_desc" not in consts:  # the forward's bf16 Hadamard matrix
+        layout = gluon_hopper.gl.NVMMASharedLayout.get_default_for([d, d], gluon_hopper.gl.bfloat16)
+        sig["h_desc"] = f"tensordesc<bf16[{d},{d}],{layout!r}>"
     sig.update({name: f"*{out_dtype}" for name in outs})
     sig.update({name: kind for name, kind in (("DS_BOUND", "*i32"), ("qk_scale", "fp32"), ("tau", "fp32"),
                                               ("slack", "fp32"))
@@ -230,15 +240,19 @@ def main(argv=None) -> int:
         # built in each of their LAYOUTS
         layered = {"fwd": forward_gluon, "dkdv": backward_dkdv_gluon, "dq": backward_dq_gluon,
                    "stats": backward_stats_gluon}
-        builds = [(name, layout, d, True, False) for name, module in layered.items() for layout in module.LAYOUTS
-                  for d in module.HEAD_DIMS]
+        builds = [(name, layout, d, True, False, False) for name, module in layered.items()
+                  for layout in module.LAYOUTS for d in module.HEAD_DIMS]
         # dK/dV's default layout with per-token Q and dO scales too (fp8_delta, fp8_stale)
-        builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False, False)
+        builds += [("dkdv", next(iter(backward_dkdv_gluon.LAYOUTS)), d, False, False, False)
                    for d in backward_dkdv_gluon.HEAD_DIMS]
         # (the forward above in its exact form) the forward's default layout with the one-FMA exponent
         # (exponent.FMA_EXPONENT)
-        builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True) for d in forward_gluon.HEAD_DIMS]
-        for name, layout, d, qdo_head, fma in builds:
+        builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True, False) for d in forward_gluon.HEAD_DIMS]
+        # and as it runs by default: Q's codes made by the kernel (forward_gluon.QUANTIZE_Q), one scale
+        # per token (fp8_delta) or per head (the fast recipes)
+        builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, qdo_head, True, True) for d in forward_gluon.HEAD_DIMS
+                   for qdo_head in (False, True)]
+        for name, layout, d, qdo_head, fma, q_in in builds:
             for causal in (True, False):
                 module = layered.get(name)
                 names = module.LAYOUT_CONSTANTS if layout else ()
@@ -247,7 +261,7 @@ def main(argv=None) -> int:
                     setattr(module, n, value)
                 fma_default, exponent.FMA_EXPONENT = exponent.FMA_EXPONENT, fma
                 try:
-                    compiled = compile_gluon(name, d, causal, qdo_head=qdo_head)
+                    compiled = compile_gluon(name, d, causal, qdo_head=qdo_head, q_in=q_in)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
@@ -256,12 +270,14 @@ def main(argv=None) -> int:
                     print("this Triton has no Gluon")
                     return 3
                 rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, qdo_head=qdo_head, fma_exponent=fma,
+                                 q_in=q_in,
                                  shared=compiled.metadata.shared,
                                  spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
                                  mma_loops=mma_loops(compiled)))
                 if not args.json:
                     r = rows[-1]
-                    label = (layout or "") + ("" if qdo_head else " (Q, dO per token)") + (" (FMA exp.)" if fma else "")
+                    label = ((layout or "") + ("" if qdo_head else " (Q, dO per token)") + (" (FMA exp.)" if fma else "")
+                             + (" (Q in kernel)" if q_in else ""))
                     print(f"{name:5s} {label:16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
                           f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:

@@ -127,6 +127,9 @@ def test_compiles_for_sm90():
         assert r["mma_loops"], f"no MMA loop found in the SASS: {r}"
         assert all(loop["stl"] == 0 and loop["ldl"] <= 1 for loop in r["mma_loops"]), r
         assert all(loop["waits"] < loop["mma"] for loop in r["mma_loops"]), r
+    # the forward as it runs by default, Q's codes made in the kernel, per token and per head
+    assert {(r["causal"], r["qdo_head"]) for r in rows if r["q_in"]} == {(c, h) for c in (True, False)
+                                                                        for h in (True, False)}
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}
@@ -163,3 +166,25 @@ def test_operand_layouts(monkeypatch):
     assert _reason(**shapes) is None
     monkeypatch.setattr(backward_dq_gluon, "BLOCK_N", backward_dq_gluon.LAYOUTS["qdo_shared_k128"][1])
     assert "need multiples of 128 / 128" in _reason(**shapes)
+
+
+def test_the_forward_quantizes_rotated_16_bit_q_itself(monkeypatch):
+    """``forward_gluon.q_quantization_reason``: the Gluon forward makes Q's codes itself for the rotated
+    recipes' 16-bit Q with contiguous channels (the GPU tests check they are the quantization
+    launch's codes, bit for bit); otherwise the launch makes them, and the reason says why."""
+    monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 0)  # the GPU's conversion
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    for recipe in ("fp8_delta", "fp8_delta_fast", "fp8_stale", "fp8_stale_fast"):
+        config = FP8AttentionConfig.from_recipe(recipe)
+        assert forward_gluon.q_quantization_reason(q, config) is None
+        assert forward_gluon.q_quantization_reason(q.half(), config) is None
+    delta = FP8AttentionConfig.from_recipe("fp8_delta")
+    assert "rotated" in forward_gluon.q_quantization_reason(q, FP8AttentionConfig.from_recipe("fp8_delta",
+                                                                                              hadamard=False))
+    assert "float32" in forward_gluon.q_quantization_reason(q.float(), delta)
+    assert "contiguous" in forward_gluon.q_quantization_reason(q.transpose(2, 3), delta)
+    monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 1)
+    assert "conversion" in forward_gluon.q_quantization_reason(q, delta)
+    monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 0)
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", False)
+    assert "QUANTIZE_Q" in forward_gluon.q_quantization_reason(q, delta)

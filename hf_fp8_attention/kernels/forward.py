@@ -562,7 +562,13 @@ def triton_forward(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
         max_seqlen=max_k, stats=kv_stats,
     )
+    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
+    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
+                                           "triton_forward")
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
+    q_stats = (None, )
+    # The Gluon kernel makes the rotated Q's codes itself (forward_gluon.QUANTIZE_Q).
+    q_in_kernel = use_gluon and forward_gluon.q_quantization_reason(q, config) is None
     if _quantizes_q_first(config):
         q_copies = copies_for("q", config, row=True, col=False)
         # Where this launch runs anyway, it computes the backward's statistics of Q as well.
@@ -571,12 +577,10 @@ def triton_forward(
                             also=(backward_q_copies(config),) if hand_over else None)
         if hand_over:
             for_backward["q_stats"] = q_stats[0]
-        (q_codes, q_scales, _, _, _), = quantize_operands(
-            (q,), (q_copies,), block=config.block_q, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_q,
-            max_seqlen=max_q, stats=q_stats)
-    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
-    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
-                                           "triton_forward")
+        if not q_in_kernel:
+            (q_codes, q_scales, _, _, _), = quantize_operands(
+                (q,), (q_copies,), block=config.block_q, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_q,
+                max_seqlen=max_q, stats=q_stats)
     token_major_out = token_major_out and (forward_gluon.TOKEN_MAJOR_OUT if use_gluon else TOKEN_MAJOR_OUT)
     out = output_buffer(q, zeros=varlen, token_major=token_major_out)  # varlen: tokens outside sequences read 0
     if varlen:
@@ -591,8 +595,15 @@ def triton_forward(
         rows = sq
     qk_scale = float(scale) * LOG2E * logit_factor(config, d)
     if use_gluon:  # (its scope has positive lengths); the Triton launch's arguments are not needed
-        forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
-                                    groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal))
+        if q_in_kernel:  # per (sequence, head): the statistics launch's amax of the rotated Q
+            q_head_amax = None if q_stats[0] is None else q_stats[0].row_amax
+            forward_gluon.gluon_forward(None, None, k_codes, k_scales, vt_codes, v_scales, out, lse, groups=hq // hkv,
+                                        qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal), q=q,
+                                        q_head_amax=q_head_amax, pow2=config.pow2_scales)
+        else:
+            forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
+                                        groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK,
+                                        causal=bool(mask.causal))
         return out, lse
     if max(rows, 0) == 0:
         return out, lse

@@ -28,6 +28,13 @@ issues tile t's P·V and tile t+1's S together and waits for both at once (``MER
 tensor cores get both products of one warpgroup while the other works on its scores; ``PINGPONG``
 (off) makes the two warpgroups take turns at issuing them.
 
+With ``QUANTIZE_Q`` (on) each consumer warpgroup makes its 64 queries' codes itself from the input Q
+(:func:`_rotated_q_codes`), as the quantization launch would have: y = xH by one 16-bit wgmma with
+the Hadamard matrix (brought once by TMA), one scale per token (the row's amax) or per (sequence,
+head) (the fast recipes, from the statistics launch), codes of y / scale by the same division and
+conversion. That launch read Q and wrote its copy for this kernel alone (the backward quantizes Q
+again); here Q is read once and the copy is never written.
+
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
 Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 (``config.block_k``,
 which sets the codes of P), head dim 128, dense batches, query and key lengths multiples of 128,
@@ -36,17 +43,20 @@ causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .exponent import LOG2_PMAX, fma_bound
-from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .gluon_hopper import TensorDescriptor, descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, mul_rn, query_block, query_side_producer, ring_barriers,
-        warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn, query_block, query_side_producer, ring_barriers,
+        row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -77,6 +87,34 @@ LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (Fa
            "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
            "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+# Q's codes made by the kernel from the input Q (module docstring) where Q is rotated and 16-bit
+# (:func:`q_quantization_reason`), instead of by a quantization launch before it.
+QUANTIZE_Q = True
+
+
+def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig) -> str | None:
+    """None when this kernel makes Q's codes itself from ``q (B, Hq, Sq, 128)`` (``QUANTIZE_Q``; a
+    call in the kernel's scope), else why the quantization launch makes them (one short phrase)."""
+    if not QUANTIZE_Q:
+        return "QUANTIZE_Q off"
+    if not config.hadamard:
+        return "Q not rotated"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"Q in {q.dtype} (the rotation's wgmma takes 16-bit inputs)"
+    if q.stride(-1) != 1:
+        return "Q's channels not contiguous"
+    if cvt_mode() != 0:
+        return "an fp8 conversion other than the PTX instruction's"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_descriptor(d: int, device: torch.device, dtype: torch.dtype) -> "TensorDescriptor":
+    """TMA descriptor of the ``(d, d)`` ±1 Hadamard matrix in ``dtype`` (quantize.hadamard_operand,
+    cached there, so the tensor outlives the descriptor), one box, in the default MMA layout."""
+    h = hadamard_operand(d, device, dtype)
+    layout = gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    return TensorDescriptor(h, [d, d], [d, 1], [d, d], layout)
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
                  mod_meta: dict) -> str | None:
     """None when the call is in the kernel's scope (any device), else why not (one short phrase).
@@ -97,7 +135,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 
 def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, *, groups: int,
-                  qk_scale: float, slack: float, causal: bool) -> None:
+                  qk_scale: float, slack: float, causal: bool, q: torch.Tensor | None = None,
+                  q_head_amax: torch.Tensor | None = None, pow2: bool = False) -> None:
     """Fill ``out`` (B, Hq, Sq, 128) (contiguous; with ``TOKEN_MAJOR_OUT`` any strides whose channels
     are contiguous) and ``lse`` (B, Hq, Sq) fp32 from the forward's FP8 copies (forward.py's
     ``triton_forward``):
@@ -109,23 +148,70 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
       (B, Hkv, n_tiles, 128) fp32 their channel scales (the sequence's, in tile 0).
 
     ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
-    factor); ``slack``: forward.REF_SLACK."""
-    b, hq, sq, d = q_codes.shape
+    factor); ``slack``: forward.REF_SLACK.
+
+    ``q`` (B, Hq, Sq, 128) bf16 / fp16, channels contiguous (:func:`q_quantization_reason`): the kernel
+    makes Q's codes itself, ``q_codes`` and ``q_scales`` are not read (None); ``q_head_amax`` (B, Hq)
+    fp32, the rotated Q's amax per (sequence, head) (the statistics launch's ``row_amax``), gives one
+    scale per head, None one per token; ``pow2``: the recipe's power-of-two scales."""
+    b, hq, sq, d = (q_codes if q is None else q).shape
     sk = k_codes.shape[2]
     if out.stride(-1) != 1 or not (TOKEN_MAJOR_OUT or out.is_contiguous()):
         need = "contiguous in its channels" if TOKEN_MAJOR_OUT else "contiguous"
         raise ValueError(f"gluon_forward: O's buffer must be {need}, got strides {tuple(out.stride())}")
-    descs = (descriptor(q_codes.view(-1, d), (HALF_Q, d)), descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
+    if q is None:
+        q_desc, h_desc, q_in = descriptor(q_codes.view(-1, d), (HALF_Q, d)), None, (q_scales, 0, 0, 0)
+    else:
+        if q.stride(-1) != 1:
+            raise ValueError(f"gluon_forward: Q's channels must be contiguous, got strides {tuple(q.stride())}")
+        q_desc, h_desc, q_in = None, _hadamard_descriptor(d, q.device, q.dtype), (q, *q.stride()[:3])
+    descs = (q_desc, descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
              descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
+    q_amax = k_scales if q_head_amax is None else q_head_amax  # read only with one scale per head
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
-        *descs, q_scales, k_scales, v_scales, out, *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
-        qk_scale, slack, OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
+        *descs, h_desc, *q_in, q_amax, k_scales if q_scales is None else q_scales, k_scales, v_scales, out,
+        *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
+        qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,
+        OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
         HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES,
         LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), CONSUMER_REGS=CONSUMER_REGS,
         PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
+    @gluon.jit
+    def _rotated_q_codes(Q, q_row0, Q_SS, q0, h_smem, q_bar, codes_smem, QAMAX, sh, HALF_Q: gl.constexpr,
+                         D: gl.constexpr, Q_HEAD: gl.constexpr, POW2: gl.constexpr, rows_s: gl.constexpr):
+        """Queries q0 .. q0 + HALF_Q of one (batch, head) (``Q + q_row0``, a token every Q_SS): their
+        codes into ``codes_smem`` (HALF_Q, D), ready for QKᵀ's wgmma, and their scales returned
+        (HALF_Q,) in ``rows_s``, formed as the quantization launch forms its rotated row-wise copy
+        (quantize._quantize_tile): y = xH in fp32 by a wgmma of the 16-bit inputs with the ±1
+        matrix ``h_smem`` (in shared memory once ``q_bar`` completes), one scale per token from the
+        row's amax or, Q_HEAD, the (sequence, head)'s from ``QAMAX[sh]``, then the codes of y / scale.
+        The codes go to shared memory, not registers: as QKᵀ's register A operand they made each key
+        tile's loop 22 instructions longer (487 -> 509, offline for sm_90a)."""
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        tokens = q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, ld))
+        chan = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+        x = gl.load(Q + q_row0 + gl.expand_dims(tokens.to(gl.int64) * Q_SS, 1) + gl.expand_dims(chan, 0))
+        rot: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+        xa = gl.convert_layout(x, gl.DotOperandLayout(operand_index=0, parent=rot, k_width=2))
+        mbarrier.wait(q_bar, 0)
+        y = warpgroup_mma(xa, h_smem.permute((1, 0)), gl.zeros([HALF_Q, D], gl.float32, rot), use_acc=False,
+                          is_async=True)
+        y = warpgroup_mma_wait(num_outstanding=0, deps=(y, ))
+        if Q_HEAD:
+            scale = gl.full([HALF_Q], 1.0, gl.float32, gl.SliceLayout(1, rot)) * scale_from_amax(gl.load(QAMAX + sh),
+                                                                                                POW2)
+        else:
+            scale = scale_from_amax(row_amax_nan(y), POW2)
+        codes_smem.store(e4m3_codes(y, gl.expand_dims(scale, 1)))
+        # Every thread's codes visible to the async proxy, then all four warps' stored, before the
+        # warpgroup's wgmma reads them.
+        fence_async_shared()
+        thread_barrier()
+        return gl.convert_layout(scale, rows_s)
+
     @gluon.jit
     def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
                       LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
@@ -246,12 +332,15 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
-                  bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
+    def _consumer(q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS, VS, OUT,
+                  out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN: gl.constexpr,
+                  Q_HEAD: gl.constexpr, POW2: gl.constexpr, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
                   Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
                   LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
-        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE."""
+        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE. Q_IN: it
+        makes their codes from the input Q into its half of ``q_smem`` (:func:`_rotated_q_codes`), else
+        they come there by TMA (``h_smem`` unused)."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
@@ -260,13 +349,19 @@ if gluon is not None:
         q0 = m0 + WG * HALF_Q
         queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
         # forward.py's row factor: Q's scale · qk_scale, then K's one scale of the (sequence, head).
-        q2 = (gl.load(QS + bh_q * SQ + queries) * qk_scale) * gl.load(KS + bh_k * SK)
-        slack_x = slack / q2
-        mbarrier.wait(q_bar, 0)
-        if Q_REGS:
-            q_op = q_smem.index(WG).load(qa_layout)
-        else:  # the MMA reads Q where TMA put it (never overwritten)
+        if Q_IN:
+            q_scale = _rotated_q_codes(Q, q_row0, Q_SS, q0, h_smem, q_bar, q_smem.index(WG), QAMAX, bh_q, HALF_Q, D,
+                                       Q_HEAD, POW2, rows_s)
+            q2 = (q_scale * qk_scale) * gl.load(KS + bh_k * SK)
             q_op = q_smem.index(WG)
+        else:
+            q2 = (gl.load(QS + bh_q * SQ + queries) * qk_scale) * gl.load(KS + bh_k * SK)
+            mbarrier.wait(q_bar, 0)
+            if Q_REGS:
+                q_op = q_smem.index(WG).load(qa_layout)
+            else:  # the MMA reads Q where TMA put it (never overwritten)
+                q_op = q_smem.index(WG)
+        slack_x = slack / q2
         acc = gl.zeros([HALF_Q, D], gl.float32, o_layout)
         l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
@@ -316,15 +411,19 @@ if gluon is not None:
 
     @gluon.jit
     def _fwd_kernel(
-        q_desc,  # Q's codes: (B·Hq·Sq, D), boxes (HALF_Q, D)
+        q_desc,  # Q's codes: (B·Hq·Sq, D), boxes (HALF_Q, D); None with Q_IN
         k_desc,  # K's codes: (B·Hkv·Sk, D), boxes (BLOCK_N, D)
         vt_desc,  # V's channel-wise transposed codes: (B·Hkv·D, Sk_pad), boxes (D, BLOCK_N)
-        QS, KS,  # (B, H, S) fp32 row scales, one value per head
+        h_desc,  # Q_IN: the (D, D) 16-bit ±1 Hadamard matrix, one box; else None
+        Q, Q_SB, Q_SH, Q_SS,  # Q_IN: the input Q (B, Hq, Sq, D) and its strides (D's 1); else unused
+        QAMAX,  # Q_HEAD: (B, Hq) fp32, the rotated Q's amax per (sequence, head)
+        QS, KS,  # (B, H, S) fp32 row scales, one value per head (QS unused with Q_IN)
         VS,  # (B, Hkv, NT_K, D) fp32 channel scales, the sequence's in tile 0
         OUT,  # (B, Hq, Sq, D) in the input dtype: contiguous, or (OUT_STRIDED) with these strides, D's 1
         OUT_SB, OUT_SH, OUT_SS,
         LSE,  # (B, Hq, Sq) fp32
         H, G, SQ, SK, NT_K, qk_scale, slack,
+        Q_IN: gl.constexpr, Q_HEAD: gl.constexpr, POW2: gl.constexpr,
         OUT_STRIDED: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
         HEAD_GROUP: gl.constexpr,
         Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
@@ -339,7 +438,15 @@ if gluon is not None:
         else:  # unused
             out_row0 = 0
 
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        if Q_IN:  # the Hadamard matrix, and Q's codes as each consumer warpgroup writes them
+            h_smem = gl.allocate_shared_memory(h_desc.dtype, h_desc.block_type.shape, h_desc.layout)
+            q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, HALF_Q, D],
+                                               gl.NVMMASharedLayout.get_default_for([HALF_Q, D], gl.float8e4nv))
+            q_row0 = (bh_q // H).to(gl.int64) * Q_SB + (bh_q % H).to(gl.int64) * Q_SH
+        else:
+            q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+            h_smem = q_smem  # unused: a placeholder of the same kind
+            q_row0 = 0
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         vt_smem = gl.allocate_shared_memory(vt_desc.dtype, [STAGES] + vt_desc.block_type.shape, vt_desc.layout)
         q_bar, ready, empty = ring_barriers(STAGES, 1)
@@ -351,16 +458,20 @@ if gluon is not None:
             turn = ready
 
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE,
-                         bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D,
-                         CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES, LOG2_PMAX, FMA_BOUND)),
-            (_consumer, (q_smem, k_smem, vt_smem, q_bar, ready, empty, turn, QS, KS, VS, OUT, out_row0, OUT_SS, LSE,
-                         bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D,
-                         CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES, LOG2_PMAX, FMA_BOUND)),
+            (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
+                         VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
+                         Q_HEAD, POW2, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
+                         LOG2_PMAX, FMA_BOUND)),
+            (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
+                         VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
+                         Q_HEAD, POW2, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
+                         LOG2_PMAX, FMA_BOUND)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
-                                   ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES)),
+                                   ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES,
+                                   h_desc, h_smem)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 __all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
-           "Q_IN_REGISTERS", "STAGES", "gluon_forward", "scope_reason", "unsupported_reason"]
+           "QUANTIZE_Q", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "q_quantization_reason", "scope_reason",
+           "unsupported_reason"]

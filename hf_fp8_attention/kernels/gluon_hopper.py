@@ -20,16 +20,19 @@ import torch
 from ..config import FP8AttentionConfig, FP8Format, Granularity
 from ..masking import MaskSpec
 from .operands import block_shared_fields
-from .quantize import interpreting
+from .quantize import E4M3_CVT_ASM, interpreting
 
 try:  # Gluon ships with Triton >= 3.5
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.experimental.gluon import constexpr_function
 except (ImportError, AttributeError):
     gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = constexpr_function = None
+    fence_async_shared = None
 
 
 logger = logging.getLogger(__name__)
@@ -139,6 +142,10 @@ def descriptor(codes_2d: torch.Tensor, block: tuple[int, int]) -> "TensorDescrip
 if gluon is not None:
     # The TMA load was renamed between Triton 3.6 (async_copy_global_to_shared) and 3.7 (async_load).
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    # The barrier of a CTA's (or, in a warp-specialised partition, the partition's) threads: renamed
+    # between Triton 3.6 (thread_barrier) and 3.9 (barrier).
+    thread_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    E4M3_CVT = gl.constexpr(E4M3_CVT_ASM)  # quantize.fp8_cast's instruction, readable from Gluon code
 
     @constexpr_function
     def mma_layout(n):
@@ -163,6 +170,42 @@ if gluon is not None:
             up = gl.where((bits & 0x007FFFFF) != 0, expo + 0x00800000, expo)
             scale = gl.where(scale < float("inf"), up.to(gl.float32, bitcast=True), scale)
         return gl.where(amax == 0.0, 1.0, scale)
+
+    @gluon.jit
+    def divide_by_scale(x, scale):
+        """quantize.divide_by_scale in Gluon (its GPU form, bit for bit): ``x / scale`` as IEEE division
+        for ``x`` fp32 and its block scales ``scale`` broadcast to it (normal, +inf or NaN), quotients
+        below 2^-64 a zero of x's sign."""
+        x, scale = gl.broadcast(x, scale)
+        bits = scale.to(gl.int32, bitcast=True)
+        expo = (bits >> 23) & 0xFF
+        finite = expo < 255
+        m = ((bits & 0x007FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)  # scale's mantissa, [1, 2)
+        pre = gl.where(finite, ((254 - expo) << 23).to(gl.float32, bitcast=True), float("nan"))
+        y = gl.div_rn(gl.full(m.shape, 1.0, gl.float32, m.type.layout), m)
+        neg_m = -m
+        other = gl.where(scale != scale, float("nan"), 0.0)
+        xs = x * pre
+        q = xs * y
+        q = gl.fma(gl.fma(q, neg_m, xs), y, q)
+        q = gl.fma(gl.fma(q, neg_m, xs), y, q)
+        return gl.where(gl.abs(xs) >= 5.421010862427522e-20, q, x * other)
+
+    @gluon.jit
+    def e4m3_codes(x, scale):
+        """quantize.to_fp8 for E4M3 on the GPU (CVT 0) in Gluon: the codes of ``x / scale`` (IEEE
+        division, :func:`divide_by_scale`), clamped to ±448 with NaN kept, rounded once to nearest
+        even by ``cvt.rn.satfinite.e4m3x2.f32``."""
+        y = divide_by_scale(x, scale)
+        y = gl.where(y > 448.0, 448.0, gl.where(y < -448.0, -448.0, y))  # NaN fails both: kept
+        return gl.inline_asm_elementwise(E4M3_CVT, "=r,r,r,r,r", [y], dtype=gl.uint8, is_pure=True,
+                                         pack=4).to(gl.float8e4nv, bitcast=True)
+
+    @gluon.jit
+    def row_amax_nan(x):
+        """max over each row of |x (R, C)|, NaN where the row holds one (as quantize.abs_max)."""
+        amax = gl.max(gl.abs(x), 1)
+        return gl.where(gl.sum((x != x).to(gl.int32), 1) > 0, float("nan"), amax)
 
     @gluon.jit
     def mul_rn(a, b):
@@ -227,17 +270,24 @@ if gluon is not None:
     @gluon.jit
     def query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar,
                             ready, empty, row_q0, row_k0, row_t0, t_hi, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                            STAGES: gl.constexpr):
+                            STAGES: gl.constexpr, h_desc=None, h_smem=None):
         """The producer warp of a program over 2·HALF_Q queries (the forward, dQ and statistics
-        kernels): its Q tiles, and dO's unless ``do_desc`` is None (two halves each), once; then per key
-        tile t its K codes, V's unless ``v_desc`` is None, and the transposed channel-wise codes of
-        ``kt_desc`` (Kᵀ, or Vᵀ in the forward) unless it is None, by TMA into ring slot t % STAGES."""
-        q_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + (0 if do_desc is None else 2 * do_desc.block_type.nbytes)
+        kernels): its Q tiles unless ``q_desc`` is None, dO's unless ``do_desc`` is None (two halves
+        each), and the whole matrix of ``h_desc`` (the forward's Hadamard matrix, where it quantizes Q
+        itself) unless it is None, once; then per key tile t its K codes, V's unless ``v_desc`` is
+        None, and the transposed channel-wise codes of ``kt_desc`` (Kᵀ, or Vᵀ in the forward) unless it
+        is None, by TMA into ring slot t % STAGES."""
+        q_bytes: gl.constexpr = ((0 if q_desc is None else 2 * q_desc.block_type.nbytes)
+                                 + (0 if do_desc is None else 2 * do_desc.block_type.nbytes)
+                                 + (0 if h_desc is None else h_desc.block_type.nbytes))
         mbarrier.expect(q_bar, q_bytes)
         for w in gl.static_range(2):
-            tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+            if q_desc is not None:
+                tma_load(q_desc, [row_q0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
             if do_desc is not None:
                 tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+        if h_desc is not None:
+            tma_load(h_desc, [0, 0], q_bar, h_smem)
         tile_bytes: gl.constexpr = (k_desc.block_type.nbytes + (0 if v_desc is None else v_desc.block_type.nbytes)
                                     + (0 if kt_desc is None else kt_desc.block_type.nbytes))
         for t in range(0, t_hi):

@@ -176,7 +176,8 @@ _CVT_ASM = """{
   cvt.rn.satfinite.%s hi, $4, $3;
   mov.b32 $0, {lo, hi};
 }"""
-_CVT_E4M3 = tl.constexpr(_CVT_ASM % ("e4m3x2.f32", "e4m3x2.f32"))  # constexpr: readable from @jit code
+E4M3_CVT_ASM = _CVT_ASM % ("e4m3x2.f32", "e4m3x2.f32")
+_CVT_E4M3 = tl.constexpr(E4M3_CVT_ASM)  # constexpr: readable from @jit code
 _CVT_E5M2 = tl.constexpr(_CVT_ASM % ("e5m2x2.f32", "e5m2x2.f32"))
 
 

@@ -21,6 +21,9 @@ its scope, so none can pass on the Triton kernel alone.
   exact form's, ten times the largest per-head change on real activations and ten times below the
   emulation's bound; LSE within ``LSE_ABS``. Where a warpgroup's bound is exceeded (logits scaled
   up) the kernel takes the exact form: the same bits as with the switch off.
+- Q's codes made by the kernel (``forward_gluon.QUANTIZE_Q``, on by default for 16-bit Q): the
+  same 16-bit wgmma rotation, amax, division and conversion as the quantization launch's copy, so O
+  and LSE are bit for bit those with the switch off (that launch), NaN included.
 """
 from __future__ import annotations
 
@@ -200,3 +203,33 @@ def test_gluon_forward_writes_a_token_major_output(shape, gluon_calls, monkeypat
     assert inside and gluon_calls[0] == 4
     assert out.transpose(1, 2).is_contiguous()
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("nan", (False, True), ids=("finite", "nan"))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=("bf16", "fp16"))
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "causal_long"])
+def test_gluon_forward_quantizes_q_as_the_quantization_launch(shape, recipe, dtype, nan, gluon_calls, monkeypatch):
+    """``QUANTIZE_Q``: the kernel's codes and scales of the rotated Q are the quantization launch's,
+    so O and LSE are bit for bit those with the switch off, for a contiguous and a token-major q;
+    and the forward launches one quantization (K and V) instead of two."""
+    config = RECIPES[recipe]
+    (q, k, v), mask, scale, inside = _problem(shape, config, dtype, seed=17)
+    if nan:  # one element of Q: its token's scale (per token) or its head's (per head) is NaN
+        q[0, 1, 100, 7] = float("nan")
+    quantizations = [0]
+    count_calls(monkeypatch, forward, "quantize_operands", quantizations, 0)
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", False)
+    want = _forward((q, k, v), mask, scale, config)
+    assert quantizations[0] == 2
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
+    assert forward_gluon.q_quantization_reason(q, config) is None
+    got = _forward((q, k, v), mask, scale, config)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # an attention layer's token-major q
+    got_t = _forward((qt, k, v), mask, scale, config)
+    assert inside and gluon_calls[0] == 3 and quantizations[0] == 4
+    assert torch.isnan(want[0]).any() == nan
+    for result in (got, got_t):
+        for g, w in zip(result, want):
+            assert torch.equal(torch.isnan(g), torch.isnan(w))
+            assert torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
