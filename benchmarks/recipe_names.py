@@ -88,7 +88,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 # The options of add_schedule_options, as the scripts' result headers name them.
 SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
-                  "`--token-major-out 0|1`")
+                  "`--token-major-out 0|1`, `--quantize-q 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -107,7 +107,9 @@ def add_schedule_options(parser) -> None:
       of their own (``kernels.sequence_stats.FOLD_IN_PARTIALS``);
     - ``--token-major-out 0|1``: both forwards write O token-major where q is, or both contiguous
       (``kernels.forward.TOKEN_MAJOR_OUT`` and ``kernels.forward_gluon.TOKEN_MAJOR_OUT``, both on by
-      default)."""
+      default);
+    - ``--quantize-q 0|1``: the Gluon forward makes the rotated Q's codes itself, or a quantization
+      launch makes them before it (``kernels.forward_gluon.QUANTIZE_Q``, on by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -126,6 +128,9 @@ def add_schedule_options(parser) -> None:
                         help="1: both forwards write O token-major where q is (an attention layer's transpose back "
                              "then copies nothing); 0: both contiguous (kernels.forward.TOKEN_MAJOR_OUT, "
                              "kernels.forward_gluon.TOKEN_MAJOR_OUT)")
+    parser.add_argument("--quantize-q", type=int, choices=(0, 1), default=None,
+                        help="1: the Gluon forward makes the rotated Q's codes itself; 0: a quantization launch "
+                             "before it (kernels.forward_gluon.QUANTIZE_Q)")
 
 
 def _schedule_tables():
@@ -134,7 +139,7 @@ def _schedule_tables():
 
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
             (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
-            (forward_gluon, "TOKEN_MAJOR_OUT"))
+            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"))
 
 
 def schedule_state() -> tuple:
@@ -183,4 +188,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.token_major_out is not None:
         forward.TOKEN_MAJOR_OUT = forward_gluon.TOKEN_MAJOR_OUT = bool(args.token_major_out)
         notes.append(f"TOKEN_MAJOR_OUT={bool(args.token_major_out)}")
+    if args.quantize_q is not None:
+        forward_gluon.QUANTIZE_Q = bool(args.quantize_q)
+        notes.append(f"QUANTIZE_Q={bool(args.quantize_q)}")
     return " ".join(notes)
