@@ -276,8 +276,8 @@ def main(argv=None) -> int:
                                  mma_loops=mma_loops(compiled)))
                 if not args.json:
                     r = rows[-1]
-                    label = ((layout or "") + ("" if qdo_head else " (Q, dO per token)") + (" (FMA exp.)" if fma else "")
-                             + (" (Q in kernel)" if q_in else ""))
+                    label = ((layout or "") + ("" if qdo_head else " (Q, dO per token)")
+                             + (" (FMA exp.)" if fma else "") + (" (Q in kernel)" if q_in else ""))
                     print(f"{name:5s} {label:16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
                           f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:

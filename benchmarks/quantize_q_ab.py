@@ -60,9 +60,9 @@ def main(argv=None) -> int:
     d = 128
     rows = []
     gpu = torch.cuda.get_device_name()
-    head = (f"{gpu} · torch {torch.__version__} · triton {triton.__version__} · python {platform.python_version()} · "
-            f"{args.tokens} tokens per batch, H = {args.heads}, d = {d}, bf16 · CUDA-graph medians, {args.rounds} "
-            f"rounds alternating on / off")
+    head = (f"{gpu} · torch {torch.__version__} · triton {triton.__version__} · "
+            f"python {platform.python_version()} · {args.tokens} tokens per batch, H = {args.heads}, d = {d}, "
+            f"bf16 · CUDA-graph medians, {args.rounds} rounds alternating on / off")
     print(head, flush=True)
     try:
         for s in map(int, args.seqlens.split(",")):
@@ -99,10 +99,12 @@ def main(argv=None) -> int:
     finally:
         forward_gluon.QUANTIZE_Q = default
     lines = [f"# In-kernel Q quantization of the Gluon forward, on / off — {gpu}", "", head, "",
-             "| S | B | causal | recipe | on µs | off µs | on / off | cuDNN µs | x cuDNN on | x cuDNN off | same bits |",
+             "| S | B | causal | recipe | on µs | off µs | on / off | cuDNN µs | x cuDNN on | x cuDNN off "
+             "| same bits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['S']} | {r['B']} | {r['causal']} | {r['recipe']} | {statistics.median(r['on_us']):.1f} | "
+        lines.append(f"| {r['S']} | {r['B']} | {r['causal']} | {r['recipe']} | "
+                     f"{statistics.median(r['on_us']):.1f} | "
                      f"{statistics.median(r['off_us']):.1f} | {r['on_over_off']:.3f} | {r['cudnn_us']:.1f} | "
                      f"{r['x_cudnn_on']:.3f} | {r['x_cudnn_off']:.3f} | {r['same_bits']} |")
     args.out_dir.mkdir(parents=True, exist_ok=True)

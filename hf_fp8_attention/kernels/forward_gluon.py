@@ -55,8 +55,9 @@ from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn, query_block, query_side_producer, ring_barriers,
-        row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn, query_block,
+        query_side_producer, ring_barriers, row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma,
+        warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -115,6 +116,8 @@ def _hadamard_descriptor(d: int, device: torch.device, dtype: torch.dtype) -> "T
     h = hadamard_operand(d, device, dtype)
     layout = gl.NVMMASharedLayout.get_default_for([d, d], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
     return TensorDescriptor(h, [d, d], [d, 1], [d, d], layout)
+
+
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
                  mod_meta: dict) -> str | None:
     """None when the call is in the kernel's scope (any device), else why not (one short phrase).

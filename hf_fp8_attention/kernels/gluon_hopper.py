@@ -189,7 +189,7 @@ if gluon is not None:
         q = xs * y
         q = gl.fma(gl.fma(q, neg_m, xs), y, q)
         q = gl.fma(gl.fma(q, neg_m, xs), y, q)
-        return gl.where(gl.abs(xs) >= 5.421010862427522e-20, q, x * other)
+        return gl.where(gl.abs(xs) >= 5.421010862427522e-20, q, x * other)  # 2^-64, quantize._DIV_TINY
 
     @gluon.jit
     def e4m3_codes(x, scale):
