@@ -174,17 +174,20 @@ def test_the_forward_quantizes_rotated_16_bit_q_itself(monkeypatch):
     launch's codes, bit for bit); otherwise the launch makes them, and the reason says why."""
     monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 0)  # the GPU's conversion
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    reason = forward_gluon.q_quantization_reason
     for recipe in ("fp8_delta", "fp8_delta_fast", "fp8_stale", "fp8_stale_fast"):
         config = FP8AttentionConfig.from_recipe(recipe)
-        assert forward_gluon.q_quantization_reason(q, config) is None
-        assert forward_gluon.q_quantization_reason(q.half(), config) is None
+        assert reason(q, config, True) is None
+        assert reason(q.half(), config, True) is None
     delta = FP8AttentionConfig.from_recipe("fp8_delta")
-    assert "rotated" in forward_gluon.q_quantization_reason(q, FP8AttentionConfig.from_recipe("fp8_delta",
-                                                                                              hadamard=False))
-    assert "float32" in forward_gluon.q_quantization_reason(q.float(), delta)
-    assert "contiguous" in forward_gluon.q_quantization_reason(q.transpose(2, 3), delta)
+    assert "rotated" in reason(q, FP8AttentionConfig.from_recipe("fp8_delta", hadamard=False), True)
+    assert "float32" in reason(q.float(), delta, True)
+    assert "contiguous" in reason(q.transpose(2, 3), delta, True)
+    assert "not causal" in reason(q, delta, False)  # measured slower there: the launch makes them
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q_NONCAUSAL", True)
+    assert reason(q, delta, False) is None
     monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 1)
-    assert "conversion" in forward_gluon.q_quantization_reason(q, delta)
+    assert "conversion" in reason(q, delta, True)
     monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 0)
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", False)
-    assert "QUANTIZE_Q" in forward_gluon.q_quantization_reason(q, delta)
+    assert "QUANTIZE_Q" in reason(q, delta, True)

@@ -568,7 +568,7 @@ def triton_forward(
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
     q_stats = (None, )
     # The Gluon kernel makes the rotated Q's codes itself (forward_gluon.QUANTIZE_Q).
-    q_in_kernel = use_gluon and forward_gluon.q_quantization_reason(q, config) is None
+    q_in_kernel = use_gluon and forward_gluon.q_quantization_reason(q, config, bool(mask.causal)) is None
     if _quantizes_q_first(config):
         q_copies = copies_for("q", config, row=True, col=False)
         # Where this launch runs anyway, it computes the backward's statistics of Q as well.

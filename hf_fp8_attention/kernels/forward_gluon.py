@@ -89,15 +89,21 @@ LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (Fa
            "q_shared_merged_s3_pingpong": (False, True, 3, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 # Q's codes made by the kernel from the input Q (module docstring) where Q is rotated and 16-bit
-# (:func:`q_quantization_reason`), instead of by a quantization launch before it.
+# (:func:`q_quantization_reason`), instead of by a quantization launch before it. Causal calls only,
+# unless QUANTIZE_Q_NONCAUSAL: on the H100 (2 x 8k and 1 x 16k tokens, H = 16, CUDA-graph time, two
+# machines) the causal forward took 0.7-1.8% less GPU time with it, the non-causal one 0.1-1.5% more
+# (benchmarks/NOTES.md, "Forward"); the kernel computes either, the same bits.
 QUANTIZE_Q = True
+QUANTIZE_Q_NONCAUSAL = False
 
 
-def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig) -> str | None:
+def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig, causal: bool) -> str | None:
     """None when this kernel makes Q's codes itself from ``q (B, Hq, Sq, 128)`` (``QUANTIZE_Q``; a
     call in the kernel's scope), else why the quantization launch makes them (one short phrase)."""
     if not QUANTIZE_Q:
         return "QUANTIZE_Q off"
+    if not (causal or QUANTIZE_Q_NONCAUSAL):
+        return "not causal (QUANTIZE_Q_NONCAUSAL off)"
     if not config.hadamard:
         return "Q not rotated"
     if q.dtype not in (torch.bfloat16, torch.float16):
@@ -476,5 +482,5 @@ if gluon is not None:
 
 
 __all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
-           "QUANTIZE_Q", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "q_quantization_reason", "scope_reason",
-           "unsupported_reason"]
+           "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "q_quantization_reason",
+           "scope_reason", "unsupported_reason"]

@@ -212,7 +212,8 @@ def test_gluon_forward_writes_a_token_major_output(shape, gluon_calls, monkeypat
 def test_gluon_forward_quantizes_q_as_the_quantization_launch(shape, recipe, dtype, nan, gluon_calls, monkeypatch):
     """``QUANTIZE_Q``: the kernel's codes and scales of the rotated Q are the quantization launch's,
     so O and LSE are bit for bit those with the switch off, for a contiguous and a token-major q;
-    and the forward launches one quantization (K and V) instead of two."""
+    and the forward launches one quantization (K and V) instead of two. Non-causal calls take it
+    only with ``QUANTIZE_Q_NONCAUSAL`` (off by default), switched on here."""
     config = RECIPES[recipe]
     (q, k, v), mask, scale, inside = _problem(shape, config, dtype, seed=17)
     if nan:  # one element of Q: its token's scale (per token) or its head's (per head) is NaN
@@ -223,13 +224,20 @@ def test_gluon_forward_quantizes_q_as_the_quantization_launch(shape, recipe, dty
     want = _forward((q, k, v), mask, scale, config)
     assert quantizations[0] == 2
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
-    assert forward_gluon.q_quantization_reason(q, config) is None
+    extra = 0 if mask.causal else 1  # by default a non-causal call keeps the launch
+    if extra:
+        assert _same_bits(_forward((q, k, v), mask, scale, config), want) and quantizations[0] == 4
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q_NONCAUSAL", True)  # the kernel's non-causal form too
+    assert forward_gluon.q_quantization_reason(q, config, mask.causal) is None
     got = _forward((q, k, v), mask, scale, config)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # an attention layer's token-major q
     got_t = _forward((qt, k, v), mask, scale, config)
-    assert inside and gluon_calls[0] == 3 and quantizations[0] == 4
+    assert inside and gluon_calls[0] == 3 + extra and quantizations[0] == 4 + 2 * extra
     assert torch.isnan(want[0]).any() == nan
-    for result in (got, got_t):
-        for g, w in zip(result, want):
-            assert torch.equal(torch.isnan(g), torch.isnan(w))
-            assert torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
+    assert _same_bits(got, want) and _same_bits(got_t, want)
+
+
+def _same_bits(got: tuple, want: tuple) -> bool:
+    """Whether (O, LSE) pairs are equal element by element, NaN where NaN."""
+    return all(torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
+               for g, w in zip(got, want))
