@@ -141,10 +141,10 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N, LOG2_PMAX=mod.LOG2_PMAX)
         descs = dict(k_desc=(mod.BLOCK_N, d), vt_desc=(d, mod.BLOCK_N))
         if q_in:
-            consts.update(q_desc=None, Q_IN=True, Q_HEAD=qdo_head, POW2=False)
+            consts.update(q_desc=None, Q_IN=True, Q_HEAD=qdo_head)
         else:
             descs["q_desc"] = (mod.HALF_Q, d)
-            consts.update(h_desc=None, Q_IN=False, Q_HEAD=False, POW2=False)
+            consts.update(h_desc=None, Q_IN=False, Q_HEAD=False)
         outs = ("OUT", "Q") if q_in else ("OUT", )
     else:
         mod = backward_dq_gluon if kernel_name == "dq" else backward_stats_gluon

@@ -20,18 +20,18 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_fp8_attention.kernels import forward, forward_gluon  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from quantize_bench import _time_us as _graph_time_us  # noqa: E402  (CUDA-graph median, us)
 from recipe_names import recipe_config  # noqa: E402  (benchmarks/ is on the path as the script's folder)
 
 
 def _time_us(fn, rep: int) -> float:
     fn()  # compiles, autotunes and builds the cached Hadamard matrix outside the capture
     torch.cuda.synchronize()
-    return do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e3
+    return _graph_time_us(fn, rep=rep)
 
 
 def _switched(on: bool, fn):
