@@ -36,7 +36,7 @@ BF16_PTRS = {"q_ptr", "out_ptr", "DO", "O", "DQ", "DK", "DV", "Q", "K", "V"}
 FLOATS = {"qk_scale", "tau", "softcap"}
 INTS = {"H", "G", "HQ", "HKV", "SQ", "SK", "D", "NT", "S_PAD", "SQ_TOTAL", "SK_TOTAL", "SK_PAD", "SQ_PAD", "NT_K",
         "OUT_SB", "OUT_SH", "OUT_SS", "Q_SB", "Q_SH", "Q_SS",
-        "NT_Q"}
+        "NT_Q", "N_BLK", "Q_RB", "Q_RH", "Q_CH"}
 MODS = {"off": (False, False, False), "softcap": (True, False, False), "sinks": (False, True, True),
         "all": (True, True, True)}  # (SOFTCAP, ROW_SHIFT, SINK)
 
@@ -111,7 +111,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
                   q_in: bool = False):
     """One of the Gluon kernels (``"dkdv"``: kernels/backward_dkdv_gluon.py, ``"dq"``:
     kernels/backward_dq_gluon.py, ``"stats"``: kernels/backward_stats_gluon.py, ``"fwd"``:
-    kernels/forward_gluon.py) built for sm_90a at head dim ``d``, as the package launches it;
+    kernels/forward_gluon.py; ``"fwd_persistent"``, ``"dq_persistent"``, ``"stats_persistent"``: their
+    persistent forms) built for sm_90a at head dim ``d``, as the package launches it;
     ``qdo_head``: Q's and dO's row scales one per head (the fast recipes) or per token (dK/dV's
     QDO_HEAD); ``q_in``: the forward makes Q's codes from the bf16 input (forward_gluon.QUANTIZE_Q),
     one scale per head with ``qdo_head``. None where this Triton has no Gluon."""
@@ -119,7 +120,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
     from triton.backends.compiler import GPUTarget
 
     from hf_fp8_attention.kernels import (
-        backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, exponent, forward_gluon, gluon_hopper,
+        backward_dkdv_gluon, backward_dq_gluon, backward_stats_gluon, exponent, forward_gluon, forward_persistent,
+        gluon_hopper,
     )
     if gluon_hopper.gluon is None:
         return None
@@ -135,26 +137,28 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         descs = dict(q_desc=(mod.BLOCK_Q, d), do_desc=(mod.BLOCK_Q, d), qt_desc=(d, mod.BLOCK_Q),
                      dot_desc=(d, mod.BLOCK_Q), k_desc=(mod.HALF_K, d), v_desc=(mod.HALF_K, d))
         outs = ("DK", "DV")
-    elif kernel_name == "fwd":
+    elif kernel_name in ("fwd", "fwd_persistent"):
         mod = forward_gluon
-        kernel = mod._fwd_kernel
+        kernel = mod._fwd_kernel if kernel_name == "fwd" else forward_persistent._fwd_persistent_kernel
         consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N, LOG2_PMAX=mod.LOG2_PMAX)
         descs = dict(k_desc=(mod.BLOCK_N, d), vt_desc=(d, mod.BLOCK_N))
-        if q_in:
+        if q_in and kernel_name == "fwd_persistent":  # the 16-bit Q by TMA
+            consts.update(Q_IN=True, Q_HEAD=qdo_head)
+        elif q_in:
             consts.update(q_desc=None, Q_IN=True, Q_HEAD=qdo_head)
         else:
             descs["q_desc"] = (mod.HALF_Q, d)
             consts.update(h_desc=None, Q_IN=False, Q_HEAD=False)
-        outs = ("OUT", "Q") if q_in else ("OUT", )
+        outs = ("OUT", "Q") if q_in and kernel_name == "fwd" else ("OUT", )
     else:
-        mod = backward_dq_gluon if kernel_name == "dq" else backward_stats_gluon
-        kernel = mod._dq_kernel if kernel_name == "dq" else mod._stats_kernel
+        mod = backward_dq_gluon if kernel_name.startswith("dq") else backward_stats_gluon
+        kernel = getattr(mod, f"_{kernel_name}_kernel")  # _dq_kernel, _dq_persistent_kernel, ...
         consts = dict(HALF_Q=mod.HALF_Q, BLOCK_N=mod.BLOCK_N)
         descs = dict(q_desc=(mod.HALF_Q, d), do_desc=(mod.HALF_Q, d), k_desc=(mod.BLOCK_N, d),
                      v_desc=(mod.BLOCK_N, d))
-        if kernel_name == "dq":
+        if kernel_name.startswith("dq"):
             descs["kt_desc"] = (d, mod.BLOCK_N)
-        outs = ("DQ", ) if kernel_name == "dq" else ()
+        outs = ("DQ", ) if kernel_name.startswith("dq") else ()
     consts.update(D=d, CAUSAL=causal, STAGES=mod.STAGES, CONSUMER_REGS=mod.CONSUMER_REGS,
                   PRODUCER_REGS=mod.PRODUCER_REGS)
     if "POW2" in kernel.arg_names:
@@ -173,6 +177,11 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
     if "h_desc" in kernel.arg_names and "h_desc" not in consts:  # the forward's bf16 Hadamard matrix
         layout = gluon_hopper.gl.NVMMASharedLayout.get_default_for([d, d], gluon_hopper.gl.bfloat16)
         sig["h_desc"] = f"tensordesc<bf16[{d},{d}],{layout!r}>"
+        if kernel_name == "fwd_persistent":  # and the 16-bit Q's boxes
+            layout = gluon_hopper.gl.NVMMASharedLayout.get_default_for([mod.HALF_Q, d], gluon_hopper.gl.bfloat16)
+            sig["q_desc"] = f"tensordesc<bf16[{mod.HALF_Q},{d}],{layout!r}>"
+    if "SCHED" in kernel.arg_names:
+        sig["SCHED"] = "*i32"
     sig.update({name: f"*{out_dtype}" for name in outs})
     sig.update({name: kind for name, kind in (("DS_BOUND", "*i32"), ("qk_scale", "fp32"), ("tau", "fp32"),
                                               ("slack", "fp32"))
@@ -252,6 +261,13 @@ def main(argv=None) -> int:
         # per token (fp8_delta) or per head (the fast recipes)
         builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, qdo_head, True, True) for d in forward_gluon.HEAD_DIMS
                    for qdo_head in (False, True)]
+        # and as the persistent kernel (forward_gluon.PERSISTENT), Q's codes made from the 16-bit Q that
+        # TMA brings, one scale per token,
+        builds += [("fwd_persistent", None, d, False, True, True) for d in forward_gluon.HEAD_DIMS]
+        # and the persistent dQ and statistics kernels (their modules' PERSISTENT)
+        builds += [(name, None, d, True, False, False) for name, module in (("dq_persistent", backward_dq_gluon),
+                                                                            ("stats_persistent", backward_stats_gluon))
+                   for d in module.HEAD_DIMS]
         for name, layout, d, qdo_head, fma, q_in in builds:
             for causal in (True, False):
                 module = layered.get(name)

@@ -107,11 +107,11 @@ def test_cpu_tensors_take_the_triton_launches():
 
 def test_compiles_for_sm90():
     """Every kernel at every head dim it is built for, in each of its LAYOUTS (operand layouts,
-    schedules), and the forward with its one-FMA exponent, built as the GPU builds it (in a fresh
-    process without the interpreter, whose patches of triton.language a Gluon compile in this
-    process would meet after other tests): shared memory fits
-    a block, the consumers' tile loops keep their accumulators in registers (no local-memory traffic
-    beyond one reload), and ptxas did not serialise their MMAs (a wait after each)."""
+    schedules), the forward with its one-FMA exponent and as the persistent kernel, built as the GPU
+    builds it (in a fresh process without the interpreter, whose patches of triton.language a Gluon
+    compile in this process would meet after other tests): shared memory fits a block, the
+    consumers' tile loops keep their accumulators in registers (no local-memory traffic beyond one
+    reload), and ptxas did not serialise their MMAs (a wait after each)."""
     if gluon_hopper.gluon is None:
         pytest.skip("this Triton has no Gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -119,7 +119,7 @@ def test_compiles_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    built = {(r["kernel"], r["layout"], r["d"]) for r in rows}
+    built = {(r["kernel"], r["layout"], r["d"]) for r in rows if r["kernel"] != "fwd_persistent"}
     assert built == {(name, layout, d) for name, module in LAYERED.items()
                      for layout in module.LAYOUTS for d in module.HEAD_DIMS}
     for r in rows:
@@ -130,6 +130,8 @@ def test_compiles_for_sm90():
     # the forward as it runs by default, Q's codes made in the kernel, per token and per head
     assert {(r["causal"], r["qdo_head"]) for r in rows if r["q_in"]} == {(c, h) for c in (True, False)
                                                                         for h in (True, False)}
+    # the persistent forward (forward_gluon.PERSISTENT), causal and not
+    assert {r["causal"] for r in rows if r["kernel"] == "fwd_persistent" and r["q_in"]} == {True, False}
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}

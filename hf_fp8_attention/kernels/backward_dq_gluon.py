@@ -28,11 +28,12 @@ import torch
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .persistent_schedule import programs, schedule
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, query_block, query_side_producer, ring_barriers,
-        warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, persistent_query_side_producer, query_block,
+        query_side_producer, ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -48,6 +49,10 @@ QDO_IN_REGISTERS = True
 LAYOUT_CONSTANTS = ("QDO_IN_REGISTERS", "BLOCK_N")
 LAYOUTS = {"qdo_registers_k64": (True, 64), "qdo_shared_k64": (False, 64), "qdo_shared_k128": (False, 128)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+# The launch as a persistent kernel (one program per SM over a list of query blocks,
+# persistent_schedule.py; the next block's codes and key tiles loaded while the current one
+# finishes): the same bits. With Q and dO in registers only (the default layout).
+PERSISTENT = False
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
@@ -85,6 +90,15 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
     descs = (descriptor(qr.view(-1, d), (HALF_Q, d)), descriptor(dor.view(-1, d), (HALF_Q, d)),
              descriptor(kr.view(-1, d), (BLOCK_N, d)), descriptor(vr.view(-1, d), (BLOCK_N, d)),
              descriptor(kct.view(-1, kct.shape[-1]), (d, BLOCK_N)))
+    if PERSISTENT and QDO_IN_REGISTERS:
+        n_blk = sq // BLOCK_M
+        n_prog = programs(n_blk * b * hq, dq.device)
+        table = schedule(n_blk, b * hq, sk // 128, causal, head_group(causal), n_prog, dq.device)
+        _dq_persistent_kernel[(n_prog, )](
+            *descs, table, qrs, krs, kcs, lse2do, delta, ds_bound, dq, hq, groups, sq, sk, kcs.shape[2], n_blk,
+            qk_scale, tau, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        return
     _dq_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
@@ -95,17 +109,18 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
 
 if gluon is not None:
     @gluon.jit
-    def _consumer_tiles(t_a, t_b, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p, delta,
-                        MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    def _consumer_tiles(t_a, t_b, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p,
+                        delta, MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr, pa_layout: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's dQ: the Triton launch's ``_dq_tiles`` with
         DS_HEAD and COL_SEQ, the same fp32 operations per element. SKIP: tiles no query of this
-        warpgroup sees (the other one does): only their ring slots are released."""
+        warpgroup sees (the other one does): only their ring slots are released. Tile t sits at
+        ring position c0 + t (c0: the tiles of a persistent program's earlier blocks, else 0)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         for t in range(t_a, t_b):
-            slot = t % STAGES
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            slot = (c0 + t) % STAGES
+            mbarrier.wait(ready.index(slot), ((c0 + t) // STAGES) & 1)
             if not SKIP:
                 s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
@@ -123,44 +138,41 @@ if gluon is not None:
         return dq
 
     @gluon.jit
-    def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
-                  DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
-                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr):
-        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(D)
-        qa_layout: gl.constexpr = a_operand_layout(s_layout)
-        pa_layout: gl.constexpr = a_operand_layout(o_layout)
-        rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        q0 = m0 + WG * HALF_Q
+    def _row_factors(QRS, KRS, LSE2DO, DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q: gl.constexpr,
+                     POW2: gl.constexpr, rows_s: gl.constexpr):
+        """A warpgroup's queries q0 .. q0 + HALF_Q and their per-row factors, as the Triton launch forms
+        them (bwd_dq_fp8_kernel with KV_HEAD and DS_HEAD, in its order): (queries, sq, the head's dS
+        scale, LSE'^do − log2(1 / s_dS), D')."""
         queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
         stat = bh_q * SQ + queries
-        # The Triton launch's per-row factors (bwd_dq_fp8_kernel with KV_HEAD and DS_HEAD), in its order.
         sq = (gl.load(QRS + stat) * qk_scale) * gl.load(KRS + bh_k * SK)
         ds_scale = ds_head_scale(DS_BOUND, bh_q, POW2)  # (dense: bh_q = sequence · H + head)
         lse_p = gl.load(LSE2DO + stat) - gl.log2(gl.div_rn(1.0, ds_scale))
         delta = gl.load(DELTA + stat)
-        mbarrier.wait(q_bar, 0)
-        if QDO_REGS:
-            q_reg = q_smem.index(WG).load(qa_layout)
-            do_reg = do_smem.index(WG).load(qa_layout)
-        else:  # the MMAs read them where TMA put them (never overwritten)
-            q_reg = q_smem.index(WG)
-            do_reg = do_smem.index(WG)
+        return queries, sq, ds_scale, lse_p, delta
+
+    @gluon.jit
+    def _dq_rows(q_reg, do_reg, c0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
+                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
+                 D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """A warpgroup's dQ of queries q0 .. q0 + HALF_Q from their codes ``q_reg``, ``do_reg`` and
+        :func:`_row_factors`: key tiles 0 <= t < t_hi (ring positions c0 + t), then the scales, into ``DQ``."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
+        pa_layout: gl.constexpr = a_operand_layout(o_layout)
         dq = gl.zeros([HALF_Q, D], gl.float32, o_layout)
         if CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
             t_diag = q0 // BLOCK_N
             N_DIAG: gl.constexpr = (HALF_Q + BLOCK_N - 1) // BLOCK_N  # tiles holding the diagonal (1 at 128 too)
-            dq = _consumer_tiles(0, t_diag, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
+            dq = _consumer_tiles(0, t_diag, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
                                  lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
-            dq = _consumer_tiles(t_diag, t_diag + N_DIAG, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
+            dq = _consumer_tiles(t_diag, t_diag + N_DIAG, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
                                  ready, empty, queries, sq, lse_p, delta, True, False, BLOCK_N, STAGES, s_layout,
                                  pa_layout)
-            dq = _consumer_tiles(t_diag + N_DIAG, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
+            dq = _consumer_tiles(t_diag + N_DIAG, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
                                  empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout)
         else:
-            dq = _consumer_tiles(0, t_hi, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
+            dq = _consumer_tiles(0, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
                                  lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         dq = dq * ds_scale
@@ -168,6 +180,52 @@ if gluon is not None:
         dq = dq * tau
         rows = gl.expand_dims(bh_q * SQ + q0 + gl.arange(0, HALF_Q, layout=gl.SliceLayout(1, o_layout)), 1)
         gl.store(DQ + rows.to(gl.int64) * D + gl.expand_dims(chan, 0), dq.to(DQ.dtype.element_ty))
+
+    @gluon.jit
+    def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
+                  DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
+                  HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        qa_layout: gl.constexpr = a_operand_layout(s_layout)
+        q0 = m0 + WG * HALF_Q
+        queries, sq, ds_scale, lse_p, delta = _row_factors(QRS, KRS, LSE2DO, DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, q0,
+                                                           qk_scale, HALF_Q, POW2, gl.SliceLayout(1, s_layout))
+        mbarrier.wait(q_bar, 0)
+        if QDO_REGS:
+            q_reg = q_smem.index(WG).load(qa_layout)
+            do_reg = do_smem.index(WG).load(qa_layout)
+        else:  # the MMAs read them where TMA put them (never overwritten)
+            q_reg = q_smem.index(WG)
+            do_reg = do_smem.index(WG)
+        _dq_rows(q_reg, do_reg, 0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
+                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)
+
+    @gluon.jit
+    def _persistent_consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1,
+                             N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K, qk_scale, tau,
+                             WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                             CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup of a persistent program over entries i0 <= j < i1 of its schedule: per block
+        :func:`_consumer`'s work (Q's and dO's codes in registers, then the buffers released to the
+        producer for the next block), the ring's positions running on across blocks."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        qa_layout: gl.constexpr = a_operand_layout(s_layout)
+        c = 0
+        for j in range(i0, i1):
+            bh_q, bh_k, m0, t_hi = scheduled_block(SCHED, j, N_BLK, H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+            q0 = m0 + WG * HALF_Q
+            queries, sq, ds_scale, lse_p, delta = _row_factors(QRS, KRS, LSE2DO, DELTA, DS_BOUND, bh_q, bh_k, SQ, SK,
+                                                               q0, qk_scale, HALF_Q, POW2, gl.SliceLayout(1, s_layout))
+            mbarrier.wait(q_bar, (j - i0) & 1)
+            q_reg = q_smem.index(WG).load(qa_layout)
+            do_reg = do_smem.index(WG).load(qa_layout)
+            thread_barrier()  # every thread's loads done before the producer may overwrite the buffers
+            mbarrier.arrive(q_free, count=1)
+            _dq_rows(q_reg, do_reg, c, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
+                     queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)
+            c += t_hi
 
     @gluon.jit
     def _dq_kernel(
@@ -206,5 +264,40 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "QDO_IN_REGISTERS", "gluon_dq",
-           "scope_reason", "unsupported_reason"]
+    @gluon.jit
+    def _dq_persistent_kernel(
+        q_desc, do_desc, k_desc, v_desc, kt_desc,  # as _dq_kernel's
+        SCHED,  # int32: persistent_schedule.schedule's table
+        QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ,  # as _dq_kernel's
+        H, G, SQ, SK, NT_K, N_BLK, qk_scale, tau,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
+        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """_dq_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
+        blocks, the same bits; Q's and dO's codes held in registers (QDO_IN_REGISTERS)."""
+        pid = gl.program_id(0)
+        i0 = gl.load(SCHED + pid)
+        i1 = gl.load(SCHED + pid + 1)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        kt_smem = gl.allocate_shared_memory(kt_desc.dtype, [STAGES] + kt_desc.block_type.shape, kt_desc.layout)
+        q_bar, ready, empty = ring_barriers(STAGES, 1)
+        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_free, count=2)
+        gl.warp_specialize([
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
+                                    i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
+                                    qk_scale, tau, 0, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES)),
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
+                                    i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
+                                    qk_scale, tau, 1, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES)),
+            (persistent_query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem,
+                                              v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H,
+                                              G, SQ, SK, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PERSISTENT", "QDO_IN_REGISTERS",
+           "gluon_dq", "scope_reason", "unsupported_reason"]

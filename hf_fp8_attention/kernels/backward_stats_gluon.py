@@ -29,13 +29,14 @@ import torch
 from ..config import DeltaMode, FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .persistent_schedule import programs, schedule
 
 if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
 
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, query_block, query_side_producer, ring_barriers, warpgroup_mma,
-        warpgroup_mma_wait,
+        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_producer, query_block, query_side_producer,
+        ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -51,6 +52,10 @@ PIPELINED = True
 LAYOUT_CONSTANTS = ("PIPELINED", )
 LAYOUTS = {"pipelined": (True, ), "in_turn": (False, )}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
+# The launch as a persistent kernel (one program per SM over a list of query blocks,
+# persistent_schedule.py; the next block's codes and key tiles loaded while the current one
+# finishes): the same bits.
+PERSISTENT = False
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
@@ -89,6 +94,15 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
     sk = kr.shape[2]
     descs = (descriptor(qr.view(-1, d), (HALF_Q, d)), descriptor(dor.view(-1, d), (HALF_Q, d)),
              descriptor(kr.view(-1, d), (BLOCK_N, d)), descriptor(vr.view(-1, d), (BLOCK_N, d)))
+    if PERSISTENT:
+        n_blk = sq // BLOCK_M
+        n_prog = programs(n_blk * b * hq, lse2.device)
+        table = schedule(n_blk, b * hq, sk // 128, causal, head_group(causal), n_prog, lse2.device)
+        _stats_persistent_kernel[(n_prog, )](
+            *descs, table, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound, hq, groups, sq, sk, n_blk, qk_scale,
+            HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        return
     _stats_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
@@ -104,16 +118,17 @@ if gluon is not None:
         return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
     @gluon.jit
-    def _consumer_tiles(t_a, t_b, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
+    def _consumer_tiles(t_a, t_b, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
                         MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         s_layout: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's row statistics (the Triton launch's
         ``_dq_stats_tiles``), each tile's S and dP' issued and waited for in turn. SKIP: tiles no
-        query of this warpgroup sees (the other one does): only their ring slots are released."""
+        query of this warpgroup sees (the other one does): only their ring slots are released. Tile
+        t sits at ring position c0 + t (c0: the tiles of a persistent program's earlier blocks, else 0)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         for t in range(t_a, t_b):
-            slot = t % STAGES
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            slot = (c0 + t) % STAGES
+            mbarrier.wait(ready.index(slot), ((c0 + t) // STAGES) & 1)
             if not SKIP:
                 s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
@@ -160,27 +175,28 @@ if gluon is not None:
         return m_new, l_i, u_i, w_i
 
     @gluon.jit
-    def _issue(t, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES: gl.constexpr):
-        """Key tile t's S and dP' MMAs, issued once its ring slot is ready (not waited for)."""
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+    def _issue(t, c0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES: gl.constexpr):
+        """Key tile t's S and dP' MMAs (ring position c0 + t), issued once its slot is ready (not
+        waited for)."""
+        slot = (c0 + t) % STAGES
+        mbarrier.wait(ready.index(slot), ((c0 + t) // STAGES) & 1)
         s = warpgroup_mma(q_reg, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_reg, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         return s, dp
 
     @gluon.jit
-    def _pipelined_step(t, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, zero_s, queries,
-                        sq, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+    def _pipelined_step(t, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, zero_s,
+                        queries, sq, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
         """Tile t + 1's products issued, tile t's complete ones (``s``, ``dp``) folded under them, then
         one wait; tile t's slot released. Returns the statistics and tile t + 1's products."""
-        s_next, dp_next = _issue(t + 1, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
+        s_next, dp_next = _issue(t + 1, c0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
         m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, False, BLOCK_N, s_layout)
         s_next, dp_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, dp_next))
-        mbarrier.arrive(empty.index(t % STAGES), count=1)
+        mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
         return m_i, l_i, u_i, w_i, s_next, dp_next
 
     @gluon.jit
-    def _pipelined_tiles(t_end, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
+    def _pipelined_tiles(t_end, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
                          MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
         """Key tiles 0 <= t <= t_end into the row statistics, each tile's S and dP' issued before the
         previous tile is folded (one wait per tile), two tiles per loop iteration so that the
@@ -188,21 +204,21 @@ if gluon is not None:
         causal diagonal: MASKED) is folded after the loop. Same operations per element as
         :func:`_consumer_tiles`."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
-        s, dp = _issue(0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
+        s, dp = _issue(0, c0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         t0 = t_end % 2  # an odd count of tiles before the last: one step first
         if t0 == 1:
-            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
+            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(0, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
                                                         ready, empty, zero_s, queries, sq, BLOCK_N, STAGES, s_layout)
         for t in range(t0, t_end, 2):
-            m_i, l_i, u_i, w_i, s1, dp1 = _pipelined_step(t, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
+            m_i, l_i, u_i, w_i, s1, dp1 = _pipelined_step(t, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
                                                           ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
                                                           s_layout)
-            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(t + 1, s1, dp1, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
+            m_i, l_i, u_i, w_i, s, dp = _pipelined_step(t + 1, c0, s1, dp1, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
                                                         v_smem, ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
                                                         s_layout)
         m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, False, BLOCK_N, s_layout)
-        mbarrier.arrive(empty.index(t_end % STAGES), count=1)
+        mbarrier.arrive(empty.index((c0 + t_end) % STAGES), count=1)
         return m_i, l_i, u_i, w_i
 
     @gluon.jit
@@ -213,40 +229,60 @@ if gluon is not None:
         """One warpgroup: the statistics of queries m0 + WG·64 .. + 64 of the program."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
-        rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         q0 = m0 + WG * HALF_Q
-        queries = q0 + gl.arange(0, HALF_Q, layout=rows)
-        stat = bh_q * SQ + queries
-        # The Triton launch's per-row factors (bwd_dq_fp8_kernel with KV_HEAD), in its order.
-        sq = (gl.load(QRS + stat) * qk_scale) * gl.load(KRS + bh_k * SK)
-        sdo = gl.load(DORS + stat) * gl.load(VRS + bh_k * SK)
+        queries, sq, sdo = _row_factors(QRS, KRS, VRS, DORS, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q,
+                                        gl.SliceLayout(1, s_layout))
         mbarrier.wait(q_bar, 0)
         q_reg = q_smem.index(WG).load(qa_layout)
         do_reg = do_smem.index(WG).load(qa_layout)
+        _stats_rows(q_reg, do_reg, 0, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0, t_hi,
+                    queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES)
+
+    @gluon.jit
+    def _row_factors(QRS, KRS, VRS, DORS, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q: gl.constexpr,
+                     rows: gl.constexpr):
+        """A warpgroup's queries q0 .. q0 + HALF_Q and their per-row factors (queries, sq, sdo), as the
+        Triton launch forms them (bwd_dq_fp8_kernel with KV_HEAD, in its order)."""
+        queries = q0 + gl.arange(0, HALF_Q, layout=rows)
+        stat = bh_q * SQ + queries
+        sq = (gl.load(QRS + stat) * qk_scale) * gl.load(KRS + bh_k * SK)
+        sdo = gl.load(DORS + stat) * gl.load(VRS + bh_k * SK)
+        return queries, sq, sdo
+
+    @gluon.jit
+    def _stats_rows(q_reg, do_reg, c0, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0, t_hi,
+                    queries, sq, sdo, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                    PIPELINED: gl.constexpr, STAGES: gl.constexpr):
+        """A warpgroup's statistics of queries q0 .. q0 + HALF_Q from their codes ``q_reg``, ``do_reg``
+        and :func:`_row_factors`: key tiles 0 <= t < t_hi (ring positions c0 + t), then LSE', D',
+        LSE'^do and the dS bound, written."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+        stat = bh_q * SQ + queries
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows)
         l_i = gl.zeros([HALF_Q], gl.float32, rows)
         u_i = gl.zeros([HALF_Q], gl.float32, rows)
         w_i = gl.zeros([HALF_Q], gl.float32, rows)
         if PIPELINED:  # up to the diagonal (causal, then the rest unseen) or every tile
             t_end = q0 // BLOCK_N if CAUSAL else t_hi - 1
-            m_i, l_i, u_i, w_i = _pipelined_tiles(t_end, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
+            m_i, l_i, u_i, w_i = _pipelined_tiles(t_end, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
                                                   empty, queries, sq, CAUSAL, BLOCK_N, STAGES, s_layout)
             if CAUSAL:
-                m_i, l_i, u_i, w_i = _consumer_tiles(t_end + 1, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
+                m_i, l_i, u_i, w_i = _consumer_tiles(t_end + 1, t_hi, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
                                                      v_smem, ready, empty, queries, sq, False, True, BLOCK_N,
                                                      STAGES, s_layout)
         elif CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
             t_diag = q0 // BLOCK_N
-            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_diag, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
-                                                 empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
-            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, m_i, l_i, u_i, w_i, q_reg,
+            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_diag, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
+                                                 ready, empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
+            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, c0, m_i, l_i, u_i, w_i, q_reg,
                                                  do_reg, k_smem, v_smem, ready, empty, queries, sq, True, False,
                                                  BLOCK_N, STAGES, s_layout)
-            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg,
-                                                 k_smem, v_smem, ready, empty, queries, sq, False, True, BLOCK_N,
-                                                 STAGES, s_layout)
+            m_i, l_i, u_i, w_i = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, c0, m_i, l_i, u_i, w_i, q_reg,
+                                                 do_reg, k_smem, v_smem, ready, empty, queries, sq, False, True,
+                                                 BLOCK_N, STAGES, s_layout)
         else:
-            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_hi, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
+            m_i, l_i, u_i, w_i = _consumer_tiles(0, t_hi, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
                                                  empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
         # The Triton launch's epilogue (MATCHED, DS_HEAD): LSE', D', LSE'^do, then the dS bound.
         empty_row = l_i == 0.0
@@ -261,6 +297,32 @@ if gluon is not None:
         gl.store(LSE2 + stat, lse2)
         gl.store(LSE2DO + stat, lse2do)
         gl.store(DELTA + stat, delta_do)
+
+
+    @gluon.jit
+    def _persistent_consumer(q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G,
+                             QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, WG: gl.constexpr,
+                             HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                             PIPELINED: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup of a persistent program over entries i0 <= j < i1 of its schedule: per block
+        :func:`_consumer`'s work (Q's and dO's codes in registers, then the buffers released to the
+        producer for the next block), the ring's positions running on across blocks."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        qa_layout: gl.constexpr = a_operand_layout(s_layout)
+        c = 0
+        for j in range(i0, i1):
+            bh_q, bh_k, m0, t_hi = scheduled_block(SCHED, j, N_BLK, H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+            q0 = m0 + WG * HALF_Q
+            queries, sq, sdo = _row_factors(QRS, KRS, VRS, DORS, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q,
+                                            gl.SliceLayout(1, s_layout))
+            mbarrier.wait(q_bar, (j - i0) & 1)
+            q_reg = q_smem.index(WG).load(qa_layout)
+            do_reg = do_smem.index(WG).load(qa_layout)
+            thread_barrier()  # every thread's loads done before the producer may overwrite the buffers
+            mbarrier.arrive(q_free, count=1)
+            _stats_rows(q_reg, do_reg, c, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0,
+                        t_hi, queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES)
+            c += t_hi
 
     @gluon.jit
     def _stats_kernel(
@@ -294,5 +356,39 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PIPELINED", "gluon_dq_stats",
-           "scope_reason", "unsupported_reason"]
+    @gluon.jit
+    def _stats_persistent_kernel(
+        q_desc, do_desc, k_desc, v_desc,  # as _stats_kernel's
+        SCHED,  # int32: persistent_schedule.schedule's table
+        QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND,  # as _stats_kernel's
+        H, G, SQ, SK, N_BLK, qk_scale,
+        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+        PIPELINED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """_stats_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
+        blocks, the same bits."""
+        pid = gl.program_id(0)
+        i0 = gl.load(SCHED + pid)
+        i1 = gl.load(SCHED + pid + 1)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar, ready, empty = ring_barriers(STAGES, 1)
+        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_free, count=2)
+        gl.warp_specialize([
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
+                                    H, G, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, 0,
+                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES)),
+            (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
+                                    H, G, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, 1,
+                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES)),
+            (persistent_query_side_producer, (q_desc, do_desc, k_desc, v_desc, None, q_smem, do_smem, k_smem, v_smem,
+                                              None, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G, SQ, SK,
+                                              HALF_Q, BLOCK_N, D, CAUSAL, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PERSISTENT", "PIPELINED",
+           "gluon_dq_stats", "scope_reason", "unsupported_reason"]

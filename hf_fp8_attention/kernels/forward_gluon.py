@@ -53,6 +53,8 @@ from .exponent import LOG2_PMAX, fma_bound
 from .gluon_hopper import TensorDescriptor, descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
 from .quantize import cvt_mode, hadamard_operand
 
+# (imported at the end: forward_persistent runs this module's consumer code)
+
 if gluon is not None:
     from .gluon_hopper import (
         a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn, query_block,
@@ -95,6 +97,18 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.p
 # (benchmarks/NOTES.md, "Forward"); the kernel computes either, the same bits.
 QUANTIZE_Q = True
 QUANTIZE_Q_NONCAUSAL = False
+# The kernel as a persistent one (forward_persistent.py: one program per SM running a list of query
+# blocks, the next block's operands loaded while the current one finishes), the same bits. On the
+# H200 (2 x 8k and 1 x 16k tokens, H = 16, CUDA-graph time) the forward took 2.1-2.5% less GPU time
+# at 8k causal, 1.3-1.5% less at 8k and 16k non-causal, 0.4-0.5% less at 16k causal
+# (benchmarks/NOTES.md, "Forward"). The persistent kernel has the default operand layouts only: with
+# Q_IN_REGISTERS or PINGPONG (layout experiments) the per-block kernel runs.
+PERSISTENT = True
+
+
+def _runs_persistent() -> bool:
+    """Whether :func:`gluon_forward` launches the persistent kernel (``PERSISTENT``, in its layouts)."""
+    return PERSISTENT and not (Q_IN_REGISTERS or PINGPONG)
 
 
 def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig, causal: bool) -> str | None:
@@ -112,6 +126,8 @@ def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig, causal: b
         return "Q's channels not contiguous"
     if cvt_mode() != 0:
         return "an fp8 conversion other than the PTX instruction's"
+    if _runs_persistent() and forward_persistent.q_rows(q) is None:
+        return "Q neither head-major nor token-major (the persistent kernel loads it by TMA)"
     return None
 
 
@@ -176,6 +192,11 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         q_desc, h_desc, q_in = None, _hadamard_descriptor(d, q.device, q.dtype), (q, *q.stride()[:3])
     descs = (q_desc, descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
              descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
+    if _runs_persistent():
+        forward_persistent.launch(descs, h_desc, q, q_head_amax, q_scales, k_scales, v_scales, out, lse, b=b, hq=hq,
+                                  sq=sq, sk=sk, groups=groups, qk_scale=qk_scale, slack=slack, causal=causal,
+                                  pow2=pow2)
+        return
     q_amax = k_scales if q_head_amax is None else q_head_amax  # read only with one scale per head
     _fwd_kernel[(sq // BLOCK_M, b * hq)](
         *descs, h_desc, *q_in, q_amax, k_scales if q_scales is None else q_scales, k_scales, v_scales, out,
@@ -248,15 +269,16 @@ if gluon is not None:
         return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
 
     @gluon.jit
-    def _consumer_tiles(t_a, t_b, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
+    def _consumer_tiles(t_a, t_b, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
                         s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's running (acc, l, m, r), each tile's S waited
-        for, then its P·V."""
+        for, then its P·V; tile t sits at position c0 + t of the ring's sequence of tiles (c0: the
+        tiles of the program's earlier query blocks, 0 but in the persistent kernel)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         for t in range(t_a, t_b):
-            slot = t % STAGES
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            slot = (c0 + t) % STAGES
+            mbarrier.wait(ready.index(slot), ((c0 + t) // STAGES) & 1)
             x = warpgroup_mma(q_op, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
@@ -280,7 +302,7 @@ if gluon is not None:
             mbarrier.arrive(turn.index(1 - WG), count=1)
 
     @gluon.jit
-    def _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2,
+    def _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2,
                                slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                                pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
@@ -288,54 +310,55 @@ if gluon is not None:
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
         both products of a warpgroup at once while the other warpgroup works on its scores.
-        PINGPONG: the warpgroups' t_hi + 1 issues alternate (``turn``: one mbarrier per warpgroup)."""
+        PINGPONG: the warpgroups' t_hi + 1 issues alternate (``turn``: one mbarrier per warpgroup).
+        Tile t sits at position c0 + t of the ring's sequence (:func:`_consumer_tiles`)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(ready.index(0), 0)
+        mbarrier.wait(ready.index(c0 % STAGES), (c0 // STAGES) & 1)
         _take_turn(turn, 0, WG, PINGPONG)
-        x = warpgroup_mma(q_op, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        x = warpgroup_mma(q_op, k_smem.index(c0 % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
                                                    LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
             _take_turn(turn, t + 1, WG, PINGPONG)
-            acc = warpgroup_mma(p8, vt_smem.index(t % STAGES).permute((1, 0)), acc, is_async=True)
-            nxt = (t + 1) % STAGES
-            mbarrier.wait(ready.index(nxt), ((t + 1) // STAGES) & 1)
+            acc = warpgroup_mma(p8, vt_smem.index((c0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
+            nxt = (c0 + t + 1) % STAGES
+            mbarrier.wait(ready.index(nxt), ((c0 + t + 1) // STAGES) & 1)
             x_next = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             _pass_turn(turn, WG, PINGPONG)
             acc, x = warpgroup_mma_wait(num_outstanding=0, deps=(acc, x_next))
-            mbarrier.arrive(empty.index(t % STAGES), count=1)
+            mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
                                                LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
         _take_turn(turn, t_hi, WG, PINGPONG)
-        acc = warpgroup_mma(p8, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(p8, vt_smem.index((c0 + last) % STAGES).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(last % STAGES), count=1)
+        mbarrier.arrive(empty.index((c0 + last) % STAGES), count=1)
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
+    def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr,
                        STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
                        WG: gl.constexpr, FMA_EXP: gl.constexpr):
-        """Key tiles 0 <= t < t_hi into one warpgroup's running (acc, l, m, r), in the schedule MERGED
-        picks (causal: the last tile, the program's diagonal one, masked)."""
+        """Key tiles 0 <= t < t_hi (at ring positions c0 + t) into one warpgroup's running (acc, l, m,
+        r), in the schedule MERGED picks (causal: the last tile, the program's diagonal one, masked)."""
         if MERGED:
-            acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                        turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
+            acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                        empty, turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
                                                         LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP)
         elif CAUSAL:
-            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                 queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
-                                                 pa_layout, FMA_EXP)
-            acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                 empty, queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX,
+                                                 s_layout, pa_layout, FMA_EXP)
+            acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
                                                  s_layout, pa_layout, FMA_EXP)
         else:
-            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+            acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                  queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
                                                  pa_layout, FMA_EXP)
         return acc, l_i, m_i, r_i
@@ -351,9 +374,7 @@ if gluon is not None:
         makes their codes from the input Q into its half of ``q_smem`` (:func:`_rotated_q_codes`), else
         they come there by TMA (``h_smem`` unused)."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(D)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
-        pa_layout: gl.constexpr = a_operand_layout(o_layout)
         rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         q0 = m0 + WG * HALF_Q
         queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
@@ -370,13 +391,31 @@ if gluon is not None:
                 q_op = q_smem.index(WG).load(qa_layout)
             else:  # the MMA reads Q where TMA put it (never overwritten)
                 q_op = q_smem.index(WG)
+        if MERGED and PINGPONG and WG == 1:  # warpgroup 0 issues first
+            mbarrier.arrive(turn.index(0), count=1)
+        _attend_rows(q_op, q2, q0, 0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
+                     bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG, STAGES,
+                     LOG2_PMAX, FMA_BOUND)
+
+    @gluon.jit
+    def _attend_rows(q_op, q2, q0, c0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
+                     bh_k, SQ, NT_K, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr, HALF_Q: gl.constexpr,
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
+                     PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
+        """A warpgroup's 64 queries q0 .. q0 + 64 of (batch · query head) ``bh_q``, their codes ``q_op``
+        (shared memory or registers) and row factors ``q2`` (HALF_Q,) set: key tiles 0 <= t < t_hi (at
+        ring positions c0 + t) into their O (scaled by the sequence's channel scales of V) and LSE,
+        written to ``OUT`` and ``LSE``."""
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
+        pa_layout: gl.constexpr = a_operand_layout(o_layout)
+        rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
         slack_x = slack / q2
         acc = gl.zeros([HALF_Q, D], gl.float32, o_layout)
         l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
-        if MERGED and PINGPONG and WG == 1:  # warpgroup 0 issues first
-            mbarrier.arrive(turn.index(0), count=1)
         fma = False  # FMA_BOUND 0: the exact form, and the FMA loop is not compiled
         if FMA_BOUND > 0.0:
             # |x| <= D·448² (a sum of D products of codes), and r is an x or m − slack/q2, so every
@@ -386,12 +425,12 @@ if gluon is not None:
             # propagates through either).
             fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # exponent.fma_row_bound
         if fma:
-            acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
-                                                queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+            acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
                                                 LOG2_PMAX, s_layout, pa_layout, WG, True)
         else:
-            acc, l_i, m_i, r_i = _consumer_loop(t_hi, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn,
-                                                queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
+            acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
                                                 LOG2_PMAX, s_layout, pa_layout, WG, False)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         acc = acc * gl.expand_dims(gl.load(VS + bh_k * NT_K * D + chan), 0)  # the sequence's channel scales, once
@@ -481,6 +520,8 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PINGPONG",
+from . import forward_persistent  # noqa: E402
+
+__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT", "PINGPONG",
            "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "q_quantization_reason",
            "scope_reason", "unsupported_reason"]

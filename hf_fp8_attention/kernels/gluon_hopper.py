@@ -3,7 +3,8 @@ backward_dq_gluon.py, backward_dkdv_gluon.py): Gluon's imports, the recipe, shap
 and the choice between a Gluon kernel and its Triton launch,
 FP8 TMA descriptors, the scale rule of :func:`.quantize.scale_from_amax` in Gluon, the programs'
 ring barriers, the consumers' register layouts, the causal programs' dispatch order, and the
-query-side programs' (forward, dQ, statistics) grid mapping and producer warp.
+query-side programs' (forward, dQ, statistics) grid mapping and producer warp, per block and in the
+persistent kernels (a program over a schedule of blocks, :mod:`.persistent_schedule`).
 
 The kernels run the block-free recipes (``fp8_delta``, ``fp8_stale`` and their fast twins: one
 scale per (sequence, head) for K and V, per token or per (sequence, head) for Q and dO, channel
@@ -288,11 +289,21 @@ if gluon is not None:
                 tma_load(do_desc, [row_q0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
         if h_desc is not None:
             tma_load(h_desc, [0, 0], q_bar, h_smem)
+        ring_tiles(k_desc, v_desc, kt_desc, k_smem, v_smem, kt_smem, ready, empty, 0, row_k0, row_t0, t_hi, BLOCK_N,
+                   STAGES)
+
+    @gluon.jit
+    def ring_tiles(k_desc, v_desc, kt_desc, k_smem, v_smem, kt_smem, ready, empty, c0, row_k0, row_t0, t_hi,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """A producer's key tiles 0 <= t < t_hi of one block: K's codes (rows row_k0 + t·BLOCK_N), V's
+        unless ``v_desc`` is None and the transposed channel-wise codes of ``kt_desc`` (rows row_t0,
+        columns t·BLOCK_N) unless it is None, by TMA into ring slot (c0 + t) % STAGES once the
+        consumers released it (c0: the ring's tiles before this block, 0 but in a persistent kernel)."""
         tile_bytes: gl.constexpr = (k_desc.block_type.nbytes + (0 if v_desc is None else v_desc.block_type.nbytes)
                                     + (0 if kt_desc is None else kt_desc.block_type.nbytes))
         for t in range(0, t_hi):
-            slot = t % STAGES
-            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first round does not wait
+            slot = (c0 + t) % STAGES
+            mbarrier.wait(empty.index(slot), (((c0 + t) // STAGES) & 1) ^ 1)  # the first round does not wait
             bar = ready.index(slot)
             mbarrier.expect(bar, tile_bytes)
             tma_load(k_desc, [row_k0 + t * BLOCK_N, 0], bar, k_smem.index(slot))
@@ -300,3 +311,39 @@ if gluon is not None:
                 tma_load(v_desc, [row_k0 + t * BLOCK_N, 0], bar, v_smem.index(slot))
             if kt_desc is not None:
                 tma_load(kt_desc, [row_t0, t * BLOCK_N], bar, kt_smem.index(slot))
+
+    @gluon.jit
+    def scheduled_block(SCHED, j, N_BLK, H, G, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        CAUSAL: gl.constexpr):
+        """(bh_q, bh_k, m0, t_hi) of the query block in entry j of a persistent kernel's schedule
+        (persistent_schedule.schedule: row · N_BLK + block), as :func:`query_block` gives them to the
+        per-block program of that block."""
+        item = gl.load(SCHED + j)
+        bh_q = item // N_BLK
+        m0 = (item % N_BLK) * BLOCK_M
+        bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
+        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+        return bh_q, bh_k, m0, t_hi
+
+    @gluon.jit
+    def persistent_query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
+                                       kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G, SQ, SK,
+                                       HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                                       CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+        """:func:`query_side_producer` of a persistent program (the dQ and statistics kernels) over
+        entries i0 <= j < i1 of its schedule: per block its Q and dO codes (two halves each) into the
+        one buffer of each once both consumer warpgroups released it (``q_free``: they hold them in
+        registers), then its key tiles into the ring, which runs on across blocks."""
+        q_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes
+        c = 0
+        for j in range(i0, i1):
+            bh_q, bh_k, m0, t_hi = scheduled_block(SCHED, j, N_BLK, H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
+            n = j - i0
+            mbarrier.wait(q_free, (n & 1) ^ 1)  # the first block does not wait
+            mbarrier.expect(q_bar, q_bytes)
+            for w in gl.static_range(2):
+                tma_load(q_desc, [bh_q * SQ + m0 + w * HALF_Q, 0], q_bar, q_smem.index(w))
+                tma_load(do_desc, [bh_q * SQ + m0 + w * HALF_Q, 0], q_bar, do_smem.index(w))
+            ring_tiles(k_desc, v_desc, kt_desc, k_smem, v_smem, kt_smem, ready, empty, c, bh_k * SK, bh_k * D, t_hi,
+                       BLOCK_N, STAGES)
+            c += t_hi

@@ -21,6 +21,9 @@ pass on the Triton launches alone.
   share, and is still ten times below GRAD_REL: a wrong scale, a lost tile or a wrong head shows as
   O(1).
 - NaN in dO reaches the same gradient elements as through the Triton launches (nothing hidden).
+- The persistent dQ and statistics kernels (their modules' ``PERSISTENT``) run each query block
+  through the per-block kernels' code: the three gradients are the same bits, with more blocks than
+  SMs too (several blocks per program).
 """
 from __future__ import annotations
 
@@ -61,6 +64,11 @@ SHAPES = {
     "causal_g3_d64": ((1, 6, 2, 384, 384, 64), True),  # dK/dV only (dQ is built for 128)
     "dense_mqa_d64": ((2, 4, 1, 256, 256, 64), False),
 }
+# More query blocks than an H100's or H200's 132 SMs: persistent programs run several.
+MANY_BLOCKS = {
+    "causal_many_blocks_d128": ((2, 16, 8, 2048, 2048, 128), True),  # 512 blocks
+    "dense_many_blocks_d128": ((2, 16, 16, 1024, 1024, 128), False),  # 256 blocks
+}
 
 
 @pytest.fixture
@@ -83,7 +91,7 @@ def gluon_calls(monkeypatch):
 
 def _problem(shape: str, config: FP8AttentionConfig, seed: int = 3):
     """((q, k, v, dO) fp32 on the CPU, mask, softmax scale, {LAUNCH key: in the kernel's scope})."""
-    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape]
+    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape] if shape in SHAPES else MANY_BLOCKS[shape]
     mask = MaskSpec(causal=causal)
     scope = {key: module.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, config, {}) is None
              for key, (module, _, _) in KERNELS.items()}
@@ -240,6 +248,29 @@ def test_causal_dispatch_order_changes_no_bit(shape, recipe, gluon_calls, monkey
             assert torch.equal(x, r), (group, label)
     assert forward_calls[0] == 4 and gluon_calls == dict.fromkeys(KERNELS, 4)
     assert all(torch.isfinite(x).all() for x in want)
+
+
+@pytest.mark.parametrize("recipe", ("fp8_delta", "fp8_delta_fast", "fp8_stale_fast"))
+@pytest.mark.parametrize("shape", ("causal_gqa_d128", "dense_d128_sq_lt_sk", "causal_g3_d128", *MANY_BLOCKS))
+def test_persistent_backward_kernels_change_no_bit(shape, recipe, gluon_calls, monkeypatch):
+    """``PERSISTENT`` in backward_dq_gluon and backward_stats_gluon: dQ, dK and dV bit for bit those of
+    the per-block kernels (the stale recipe runs no statistics launch: its dQ alone)."""
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    config = RECIPES[recipe]
+    tensors, mask, scale, scope = _problem(shape, config, seed=29)
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in tensors)
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+    want = backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    assert gluon_calls == {key: int(inside) for key, inside in scope.items()}
+    persistent = {"dq": 0, "stats": 0}
+    for module, key in ((backward_dq_gluon, "dq"), (backward_stats_gluon, "stats")):
+        monkeypatch.setattr(module, "PERSISTENT", True)
+        count_calls(monkeypatch, module, "schedule", persistent, key)
+    got = backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    assert persistent == {"dq": 1, "stats": int(scope["gluon_dq_stats"])} and scope["gluon_dq"]
+    for label, x, r in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(r).all() and torch.equal(x, r), label
 
 
 def test_backward_chunks_only_where_one_pass_raises_the_peak(monkeypatch):

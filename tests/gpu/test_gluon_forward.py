@@ -24,6 +24,10 @@ its scope, so none can pass on the Triton kernel alone.
 - Q's codes made by the kernel (``forward_gluon.QUANTIZE_Q``, on by default for 16-bit Q): the
   same 16-bit wgmma rotation, amax, division and conversion as the quantization launch's copy, so O
   and LSE are bit for bit those with the switch off (that launch), NaN included.
+- The persistent kernel (``forward_gluon.PERSISTENT``, kernels/forward_persistent.py) runs each
+  query block through the same consumer code as the per-block kernel, so O and LSE are its bits,
+  with Q's codes made in the kernel (Q by TMA, head-major or token-major) or loaded, and with more
+  blocks than SMs (several blocks per program).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from helpers import GLUON_RECIPES as RECIPES, count_calls, make_qkv, rel_err  # 
 from test_forward_kernel import LSE_ABS as EMULATION_LSE_ABS, O_REL  # noqa: E402
 
 from hf_fp8_attention import FP8AttentionConfig  # noqa: E402
-from hf_fp8_attention.kernels import exponent, forward, forward_gluon  # noqa: E402
+from hf_fp8_attention.kernels import exponent, forward, forward_gluon, forward_persistent  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_forward  # noqa: E402
 
@@ -56,6 +60,11 @@ SHAPES = {
     "dense_mqa": ((2, 4, 1, 256, 256, 128), False),
     "causal_long": ((1, 2, 1, 2048, 2048, 128), True),
     "out_of_scope_length": ((1, 2, 2, 200, 200, 128), True),  # the Triton kernel runs
+}
+# More query blocks than an H100's or H200's 132 SMs: programs of the persistent kernel run several.
+MANY_BLOCKS = {
+    "causal_many_blocks": ((2, 16, 8, 2048, 2048, 128), True),  # 512 blocks
+    "dense_many_blocks": ((2, 16, 16, 1024, 1024, 128), False),  # 256 blocks
 }
 
 
@@ -80,7 +89,7 @@ def gluon_calls(monkeypatch):
 
 def _problem(shape: str, config: FP8AttentionConfig, dtype: torch.dtype, seed: int = 3):
     """((q, k, v) on the GPU in ``dtype``, mask, softmax scale, whether the case is in the kernel's scope)."""
-    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape]
+    (b, hq, hkv, sq, sk, d), causal = SHAPES[shape] if shape in SHAPES else MANY_BLOCKS[shape]
     mask = MaskSpec(causal=causal)
     inside = forward_gluon.scope_reason((b, hq, sq, d), (b, hkv, sk, d), mask, config, {}) is None
     q, k, v, _ = make_qkv(b, hq, hkv, sq, sk, d, dtype=torch.float32, seed=seed)
@@ -235,6 +244,39 @@ def test_gluon_forward_quantizes_q_as_the_quantization_launch(shape, recipe, dty
     assert inside and gluon_calls[0] == 3 + extra and quantizations[0] == 4 + 2 * extra
     assert torch.isnan(want[0]).any() == nan
     assert _same_bits(got, want) and _same_bits(got_t, want)
+
+
+@pytest.mark.parametrize("q_codes", ("in_kernel", "launch"))
+@pytest.mark.parametrize("layout", ("head_major", "token_major", "strided"))
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_delta_fast+pow2"])
+@pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "causal_long", *MANY_BLOCKS])
+def test_persistent_forward_is_the_per_block_kernel(shape, recipe, layout, q_codes, gluon_calls, monkeypatch):
+    """``PERSISTENT``: O and LSE bit for bit the per-block kernel's, in the one-FMA exponent form (the
+    default), with Q's codes made in the kernel (non-causal too) or by the launch; a q whose tokens
+    are neither head-major nor token-major (``strided``) keeps the launch, and the persistent kernel
+    loads its codes."""
+    config = RECIPES[recipe]
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", q_codes == "in_kernel")
+    monkeypatch.setattr(forward_gluon, "QUANTIZE_Q_NONCAUSAL", True)
+    (q, k, v), mask, scale, inside = _problem(shape, config, torch.bfloat16, seed=23)
+    if layout == "token_major":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout == "strided":  # every token's channels followed by as many unused ones
+        wide = torch.zeros(q.shape[0], q.shape[2], q.shape[1], 2 * q.shape[3], dtype=q.dtype, device=q.device)
+        wide[..., :q.shape[3]] = q.transpose(1, 2)
+        q = wide[..., :q.shape[3]].transpose(1, 2)
+    want = _forward((q, k, v), mask, scale, config)
+    persistent, quantizations = [0], [0]
+    count_calls(monkeypatch, forward_persistent, "launch", persistent, 0)
+    count_calls(monkeypatch, forward, "quantize_operands", quantizations, 0)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
+    got = _forward((q, k, v), mask, scale, config)
+    assert inside and gluon_calls[0] == 2 and persistent[0] == 1
+    q_launch = q_codes == "launch" or layout == "strided"
+    assert quantizations[0] == (2 if q_launch else 1)
+    assert (forward_gluon.q_quantization_reason(q, config, mask.causal) is None) == (not q_launch)
+    assert _same_bits(got, want)
 
 
 def _same_bits(got: tuple, want: tuple) -> bool:
