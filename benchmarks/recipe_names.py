@@ -88,7 +88,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 # The options of add_schedule_options, as the scripts' result headers name them.
 SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
-                  "`--token-major-out 0|1`, `--quantize-q 0|1`")
+                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -109,7 +109,9 @@ def add_schedule_options(parser) -> None:
       (``kernels.forward.TOKEN_MAJOR_OUT`` and ``kernels.forward_gluon.TOKEN_MAJOR_OUT``, both on by
       default);
     - ``--quantize-q 0|1``: the Gluon forward makes the rotated Q's codes itself, or a quantization
-      launch makes them before it (``kernels.forward_gluon.QUANTIZE_Q``, on by default)."""
+      launch makes them before it (``kernels.forward_gluon.QUANTIZE_Q``, on by default);
+    - ``--persistent 0|1``: the Gluon forward as a persistent kernel or one program per query block
+      (``kernels.forward_gluon.PERSISTENT``, on by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -131,6 +133,9 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--quantize-q", type=int, choices=(0, 1), default=None,
                         help="1: the Gluon forward makes the rotated Q's codes itself; 0: a quantization launch "
                              "before it (kernels.forward_gluon.QUANTIZE_Q)")
+    parser.add_argument("--persistent", type=int, choices=(0, 1), default=None,
+                        help="1: the Gluon forward as a persistent kernel; 0: one program per query block "
+                             "(kernels.forward_gluon.PERSISTENT)")
 
 
 def _schedule_tables():
@@ -139,7 +144,7 @@ def _schedule_tables():
 
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
             (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
-            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"))
+            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"))
 
 
 def schedule_state() -> tuple:
@@ -191,4 +196,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.quantize_q is not None:
         forward_gluon.QUANTIZE_Q = bool(args.quantize_q)
         notes.append(f"QUANTIZE_Q={bool(args.quantize_q)}")
+    if args.persistent is not None:
+        forward_gluon.PERSISTENT = bool(args.persistent)
+        notes.append(f"PERSISTENT={bool(args.persistent)}")
     return " ".join(notes)

@@ -145,7 +145,7 @@ def test_schedule_option_token_major_out_sets_the_switch(monkeypatch):
         assert note == f"TOKEN_MAJOR_OUT={bool(value)}"
 
 
-def test_schedule_option_quantize_q_sets_the_switch(monkeypatch):
+def test_schedule_options_quantize_q_and_persistent_set_their_switches(monkeypatch):
     pytest.importorskip("triton")
     import argparse
 
@@ -153,13 +153,16 @@ def test_schedule_option_quantize_q_sets_the_switch(monkeypatch):
     from hf_fp8_attention.kernels import forward_gluon
 
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
     parser = argparse.ArgumentParser()
     recipe_names.add_schedule_options(parser)
     assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
-    assert forward_gluon.QUANTIZE_Q is True  # left as it was
+    assert forward_gluon.QUANTIZE_Q is True and forward_gluon.PERSISTENT is True  # left as they were
     for value in (0, 1):
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--quantize-q", str(value)]))
         assert forward_gluon.QUANTIZE_Q is bool(value) and note == f"QUANTIZE_Q={bool(value)}"
+        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--persistent", str(value)]))
+        assert forward_gluon.PERSISTENT is bool(value) and note == f"PERSISTENT={bool(value)}"
 
 
 def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
@@ -175,11 +178,11 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     def values():
         return (dict(backward.LAUNCH), dict(gluon_hopper.DISPATCH), exponent.FMA_EXPONENT,
                 exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
-                forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q)
+                forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q, forward_gluon.PERSISTENT)
 
     for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
                                 (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True),
-                                (forward_gluon, "QUANTIZE_Q", True)):
+                                (forward_gluon, "QUANTIZE_Q", True), (forward_gluon, "PERSISTENT", True)):
         monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
     before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
     state = recipe_names.schedule_state()
@@ -187,12 +190,13 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     recipe_names.add_schedule_options(parser)
     flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
              "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0",
-             "--quantize-q", "0"]
+             "--quantize-q", "0", "--persistent", "0"]
     try:
         recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
         changed = values()
         # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
-        assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True], changed
+        assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True,
+                                                             True], changed
     finally:
         recipe_names.restore_schedule(state)
     assert values() == before
