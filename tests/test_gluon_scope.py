@@ -119,7 +119,7 @@ def test_compiles_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    built = {(r["kernel"], r["layout"], r["d"]) for r in rows if r["kernel"] != "fwd_persistent"}
+    built = {(r["kernel"], r["layout"], r["d"]) for r in rows if not r["kernel"].endswith("_persistent")}
     assert built == {(name, layout, d) for name, module in LAYERED.items()
                      for layout in module.LAYOUTS for d in module.HEAD_DIMS}
     for r in rows:
@@ -130,8 +130,10 @@ def test_compiles_for_sm90():
     # the forward as it runs by default, Q's codes made in the kernel, per token and per head
     assert {(r["causal"], r["qdo_head"]) for r in rows if r["q_in"]} == {(c, h) for c in (True, False)
                                                                         for h in (True, False)}
-    # the persistent forward (forward_gluon.PERSISTENT), causal and not
-    assert {r["causal"] for r in rows if r["kernel"] == "fwd_persistent" and r["q_in"]} == {True, False}
+    # the persistent forward (Q made in the kernel), dQ and statistics kernels, causal
+    assert {(r["kernel"], r["causal"]) for r in rows if r["kernel"].endswith("_persistent")} == {
+        ("fwd_persistent", True), ("dq_persistent", True), ("stats_persistent", True)}
+    assert all(r["q_in"] for r in rows if r["kernel"] == "fwd_persistent")
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}

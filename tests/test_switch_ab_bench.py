@@ -1,6 +1,6 @@
 """benchmarks/switch_ab.py on a machine without a GPU: it names the switches it flips and fixes as
 modules' booleans, refuses anything else by name, and refuses to run without a GPU, leaving every
-switch as it found it."""
+switch as it found it; persistent_backward_bits.py refuses the same way."""
 from __future__ import annotations
 
 import sys
@@ -40,3 +40,16 @@ def test_switches_are_booleans_of_kernel_modules():
             switch_ab.switches(bad)
     with pytest.raises(SystemExit, match="QUANTIZE_Q=yes"):
         switch_ab.fixed("forward_gluon.QUANTIZE_Q=yes")
+
+
+def test_persistent_backward_bits_needs_a_gpu(capsys):
+    """benchmarks/persistent_backward_bits.py refuses without a GPU, leaving the switches it sets."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    import persistent_backward_bits
+    from hf_fp8_attention.kernels import backward_stats_gluon
+
+    before = backward_stats_gluon.PERSISTENT
+    assert persistent_backward_bits.main() == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert backward_stats_gluon.PERSISTENT is before
