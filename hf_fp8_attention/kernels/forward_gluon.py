@@ -230,9 +230,17 @@ if gluon is not None:
         y = warpgroup_mma(xa, h_smem.permute((1, 0)), gl.zeros([HALF_Q, D], gl.float32, rot), use_acc=False,
                           is_async=True)
         y = warpgroup_mma_wait(num_outstanding=0, deps=(y, ))
+        return _store_q_codes(y, codes_smem, QAMAX, sh, HALF_Q, Q_HEAD, POW2, rows_s)
+
+    @gluon.jit
+    def _store_q_codes(y, codes_smem, QAMAX, sh, HALF_Q: gl.constexpr, Q_HEAD: gl.constexpr, POW2: gl.constexpr,
+                       rows_s: gl.constexpr):
+        """The rotated Q ``y`` (HALF_Q, D) fp32 (a 16-bit wgmma's accumulator) into its codes in
+        ``codes_smem``, ready for QKᵀ's wgmma: one scale per token from the row's amax or, Q_HEAD, the
+        (sequence, head)'s from ``QAMAX[sh]``; the scales returned (HALF_Q,) in ``rows_s``."""
         if Q_HEAD:
-            scale = gl.full([HALF_Q], 1.0, gl.float32, gl.SliceLayout(1, rot)) * scale_from_amax(gl.load(QAMAX + sh),
-                                                                                                POW2)
+            scale = gl.full([HALF_Q], 1.0, gl.float32, gl.SliceLayout(1, y.type.layout)) * scale_from_amax(
+                gl.load(QAMAX + sh), POW2)
         else:
             scale = scale_from_amax(row_amax_nan(y), POW2)
         codes_smem.store(e4m3_codes(y, gl.expand_dims(scale, 1)))

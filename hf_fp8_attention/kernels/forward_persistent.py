@@ -30,8 +30,8 @@ from .persistent_schedule import programs, schedule
 if gluon is not None:
     from . import forward_gluon as fg
     from .gluon_hopper import (
-        e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, ring_barriers, ring_tiles, row_amax_nan,
-        scale_from_amax, scheduled_block, thread_barrier, tma_load, warpgroup_mma, warpgroup_mma_wait,
+        gl, mbarrier, mma_layout, ring_barriers, ring_tiles, scheduled_block, tma_load, warpgroup_mma,
+        warpgroup_mma_wait,
     )
 
 
@@ -97,15 +97,7 @@ if gluon is not None:
                           is_async=True)
         y = warpgroup_mma_wait(num_outstanding=0, deps=(y, ))
         mbarrier.arrive(q_free, count=1)
-        if Q_HEAD:
-            scale = gl.full([HALF_Q], 1.0, gl.float32, gl.SliceLayout(1, rot)) * scale_from_amax(gl.load(QAMAX + sh),
-                                                                                                POW2)
-        else:
-            scale = scale_from_amax(row_amax_nan(y), POW2)
-        codes_smem.store(e4m3_codes(y, gl.expand_dims(scale, 1)))
-        fence_async_shared()  # as in _rotated_q_codes: visible to the wgmma, all four warps' stored
-        thread_barrier()
-        return gl.convert_layout(scale, rows_s)
+        return fg._store_q_codes(y, codes_smem, QAMAX, sh, HALF_Q, Q_HEAD, POW2, rows_s)
 
     @gluon.jit
     def _consumer(q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
