@@ -28,12 +28,13 @@ import torch
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
-from .persistent_schedule import programs, schedule
+from .persistent_schedule import launch_table
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, persistent_query_side_producer, query_block,
-        query_side_producer, ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, persistent_query_side_producer, program_entries,
+        query_block, query_side_producer, ring_barriers, scheduled_block, thread_barrier, warpgroup_mma,
+        warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -92,8 +93,7 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
              descriptor(kct.view(-1, kct.shape[-1]), (d, BLOCK_N)))
     if PERSISTENT and QDO_IN_REGISTERS:
         n_blk = sq // BLOCK_M
-        n_prog = programs(n_blk * b * hq, dq.device)
-        table = schedule(n_blk, b * hq, sk // 128, causal, head_group(causal), n_prog, dq.device)
+        table, n_prog = launch_table(n_blk, b * hq, sk, causal, head_group(causal), dq.device)
         _dq_persistent_kernel[(n_prog, )](
             *descs, table, qrs, krs, kcs, lse2do, delta, ds_bound, dq, hq, groups, sq, sk, kcs.shape[2], n_blk,
             qk_scale, tau, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
@@ -275,9 +275,7 @@ if gluon is not None:
     ):
         """_dq_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
         blocks, the same bits; Q's and dO's codes held in registers (QDO_IN_REGISTERS)."""
-        pid = gl.program_id(0)
-        i0 = gl.load(SCHED + pid)
-        i1 = gl.load(SCHED + pid + 1)
+        i0, i1 = program_entries(SCHED)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)

@@ -29,14 +29,14 @@ import torch
 from ..config import DeltaMode, FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
-from .persistent_schedule import programs, schedule
+from .persistent_schedule import launch_table
 
 if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
 
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_producer, query_block, query_side_producer,
-        ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_producer, program_entries, query_block,
+        query_side_producer, ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -96,8 +96,7 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
              descriptor(kr.view(-1, d), (BLOCK_N, d)), descriptor(vr.view(-1, d), (BLOCK_N, d)))
     if PERSISTENT:
         n_blk = sq // BLOCK_M
-        n_prog = programs(n_blk * b * hq, lse2.device)
-        table = schedule(n_blk, b * hq, sk // 128, causal, head_group(causal), n_prog, lse2.device)
+        table, n_prog = launch_table(n_blk, b * hq, sk, causal, head_group(causal), lse2.device)
         _stats_persistent_kernel[(n_prog, )](
             *descs, table, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound, hq, groups, sq, sk, n_blk, qk_scale,
             HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
@@ -367,9 +366,7 @@ if gluon is not None:
     ):
         """_stats_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
         blocks, the same bits."""
-        pid = gl.program_id(0)
-        i0 = gl.load(SCHED + pid)
-        i1 = gl.load(SCHED + pid + 1)
+        i0, i1 = program_entries(SCHED)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)

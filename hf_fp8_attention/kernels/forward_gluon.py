@@ -126,7 +126,7 @@ def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig, causal: b
         return "Q's channels not contiguous"
     if cvt_mode() != 0:
         return "an fp8 conversion other than the PTX instruction's"
-    if _runs_persistent() and forward_persistent.q_rows(q) is None:
+    if _runs_persistent() and forward_persistent.q_row_layout(q) is None:
         return "Q neither head-major nor token-major (the persistent kernel loads it by TMA)"
     return None
 

@@ -25,14 +25,28 @@ import functools
 import torch
 
 from .gluon_hopper import TensorDescriptor, gluon
-from .persistent_schedule import programs, schedule
+from .persistent_schedule import launch_table
 
 if gluon is not None:
     from . import forward_gluon as fg
     from .gluon_hopper import (
-        gl, mbarrier, mma_layout, ring_barriers, ring_tiles, scheduled_block, tma_load, warpgroup_mma,
-        warpgroup_mma_wait,
+        gl, mbarrier, mma_layout, program_entries, ring_barriers, ring_tiles, scheduled_block, tma_load,
+        warpgroup_mma, warpgroup_mma_wait,
     )
+
+
+def q_row_layout(q: torch.Tensor) -> tuple[tuple[int, int], int, int, int, int] | None:
+    """How :func:`q_rows` views ``q`` (B, H, S, D), without building the view: ((rows, columns), the
+    row stride, RB, RH, CH), or None for strides it cannot view (a cheap check for the scope rule)."""
+    b, h, s, d = q.shape
+    sb, sh, ss, sd = q.stride()
+    if sd != 1 or q.storage_offset() != 0:
+        return None
+    if ss == d and (h == 1 or sh == s * d) and (b == 1 or sb == h * s * d):
+        return (b * h * s, d), d, h * s, s, 0
+    if ss == h * d and (h == 1 or sh == d) and (b == 1 or sb == s * h * d):
+        return (b * s, h * d), h * d, s, 0, d
+    return None
 
 
 def q_rows(q: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
@@ -40,15 +54,11 @@ def q_rows(q: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
     token's row and column follow from (batch b, head h, token s): (q2d, RB, RH, CH) with row =
     b·RB + h·RH + s, column = h·CH. Head-major q (contiguous): rows (B·H·S, D); token-major q (an
     attention layer's (B, S, H, D) transposed): rows (B·S, H·D). None for other strides."""
-    b, h, s, d = q.shape
-    sb, sh, ss, sd = q.stride()
-    if sd != 1 or q.storage_offset() != 0:
+    layout = q_row_layout(q)
+    if layout is None:
         return None
-    if ss == d and (h == 1 or sh == s * d) and (b == 1 or sb == h * s * d):
-        return q.as_strided((b * h * s, d), (d, 1)), h * s, s, 0
-    if ss == h * d and (h == 1 or sh == d) and (b == 1 or sb == s * h * d):
-        return q.as_strided((b * s, h * d), (h * d, 1)), s, 0, d
-    return None
+    shape, row_stride, rb, rh, ch = layout
+    return q.as_strided(shape, (row_stride, 1)), rb, rh, ch
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,8 +76,7 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
     Q where the kernel makes the codes (it must have :func:`q_rows`), else None; the other tensors
     and numbers as there."""
     n_blk = sq // fg.BLOCK_M
-    n_prog = programs(n_blk * b * hq, out.device)
-    table = schedule(n_blk, b * hq, sk // fg.BLOCK_N, causal, fg.head_group(causal), n_prog, out.device)
+    table, n_prog = launch_table(n_blk, b * hq, sk, causal, fg.head_group(causal), out.device)
     q_in = q is not None
     if q_in:
         q2d, rb, rh, ch = q_rows(q)
@@ -185,9 +194,7 @@ if gluon is not None:
         STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
-        pid = gl.program_id(0)
-        i0 = gl.load(SCHED + pid)
-        i1 = gl.load(SCHED + pid + 1)
+        i0, i1 = program_entries(SCHED)
         # Q_IN: one staging buffer of the 16-bit Q (released as soon as it is rotated) and the codes
         # each warpgroup writes; else two buffers of Q's codes, used in turn.
         NQ: gl.constexpr = 1 if Q_IN else 2
@@ -224,4 +231,4 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["launch", "q_rows"]
+__all__ = ["launch", "q_row_layout", "q_rows"]

@@ -263,8 +263,16 @@ if gluon is not None:
         else:
             pid = gl.program_id(0)
             bh_q = gl.program_id(1)
+        return block_fields(bh_q, pid, H, G, SK, BLOCK_M, BLOCK_N, CAUSAL)
+
+    @gluon.jit
+    def block_fields(bh_q, blk, H, G, SK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(bh_q, bh_k, m0, t_hi) of query block ``blk`` of row ``bh_q`` (batch · query head): its kv
+        head's row, its first query and the end of its BLOCK_N-key tiles (causal: up to its diagonal);
+        for a per-block program (:func:`query_block`) and a persistent one's entry
+        (:func:`scheduled_block`) alike."""
         bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
-        m0 = pid * BLOCK_M
+        m0 = blk * BLOCK_M
         t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
         return bh_q, bh_k, m0, t_hi
 
@@ -319,11 +327,13 @@ if gluon is not None:
         (persistent_schedule.schedule: row · N_BLK + block), as :func:`query_block` gives them to the
         per-block program of that block."""
         item = gl.load(SCHED + j)
-        bh_q = item // N_BLK
-        m0 = (item % N_BLK) * BLOCK_M
-        bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
-        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
-        return bh_q, bh_k, m0, t_hi
+        return block_fields(item // N_BLK, item % N_BLK, H, G, SK, BLOCK_M, BLOCK_N, CAUSAL)
+
+    @gluon.jit
+    def program_entries(SCHED):
+        """(i0, i1): this persistent program's entries i0 <= j < i1 of its schedule's table."""
+        pid = gl.program_id(0)
+        return gl.load(SCHED + pid), gl.load(SCHED + pid + 1)
 
     @gluon.jit
     def persistent_query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,

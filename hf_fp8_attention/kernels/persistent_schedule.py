@@ -63,10 +63,13 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def programs(blocks: int, device: torch.device) -> int:
-    """How many programs a persistent launch of ``blocks`` query blocks runs: one per SM, at most one
-    per block."""
-    return min(sm_count(device.index), blocks)
+def launch_table(n_blk: int, rows: int, sk: int, causal: bool, head_group: int,
+                 device: torch.device) -> tuple[torch.Tensor, int]:
+    """(table, programs) of a persistent launch over ``n_blk`` 128-query blocks in each of ``rows``
+    rows (batch · query head) against ``sk`` keys: one program per SM, at most one per block, and
+    :func:`schedule`'s table for them (its costs in tiles of 128 keys, whatever the kernel's tile)."""
+    programs = min(sm_count(device.index), n_blk * rows)
+    return schedule(n_blk, rows, sk // 128, causal, head_group, programs, device), programs
 
 
-__all__ = ["BLOCK_COST_TILES", "launch_order", "programs", "schedule", "sm_count"]
+__all__ = ["BLOCK_COST_TILES", "launch_order", "launch_table", "schedule", "sm_count"]

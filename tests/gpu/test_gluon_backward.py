@@ -266,7 +266,7 @@ def test_persistent_backward_kernels_change_no_bit(shape, recipe, gluon_calls, m
     persistent = {"dq": 0, "stats": 0}
     for module, key in ((backward_dq_gluon, "dq"), (backward_stats_gluon, "stats")):
         monkeypatch.setattr(module, "PERSISTENT", True)
-        count_calls(monkeypatch, module, "schedule", persistent, key)
+        count_calls(monkeypatch, module, "launch_table", persistent, key)
     got = backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
     assert persistent == {"dq": 1, "stats": int(scope["gluon_dq_stats"])} and scope["gluon_dq"]
     for label, x, r in zip(("dq", "dk", "dv"), got, want):
