@@ -9,7 +9,9 @@ Steps (bf16 inputs ``(B, H, S, D)``, dense, no GQA): ``fwd_kv`` (K's and V's sta
 backward's, and their forward copies), ``fwd_q`` (Q's statistics and rotated copy, where the recipe
 quantizes Q first, with the backward's Q statistics where it hands them over), ``bwd_qdo`` (dO's
 statistics, and Q's where the forward does not hand them over; both copies of each), ``bwd_kv``
-(the backward's copies of K and V from the forward's statistics). Each is timed whole
+(the backward's copies of K and V from the forward's statistics). ``fwd_kv`` and ``bwd_qdo`` (where
+no Q statistics are handed over) run in one launch where ``one_read_prep`` allows, as the op does
+(the sweep's ``ONE_READ`` entry times both ways). Each is timed whole
 (``triton.testing.do_bench_cudagraph``: GPU time, no host launch cost) and as its statistics
 launches alone. Bytes: every input read once per launch that reads it, every code and scale written
 once; TB/s over that, beside ``torch.clone``'s read + write rate on one input in the same run.
@@ -35,12 +37,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_fp8_attention.kernels import quantize as qz  # noqa: E402
 from hf_fp8_attention.kernels import sequence_stats as ss  # noqa: E402
 from hf_fp8_attention.kernels.forward import _quantizes_q_first  # noqa: E402
-from hf_fp8_attention.kernels.operands import backward_kv_copies, backward_q_copies, copies_for, stats_for  # noqa: E402
+from hf_fp8_attention.kernels import one_read_prep as orp  # noqa: E402
+from hf_fp8_attention.kernels.operands import (  # noqa: E402
+    backward_kv_copies, backward_q_copies, copies_for, stats_for, stats_then_copies,
+)
 from quantize_bench import _time_us  # noqa: E402  (CUDA-graph median, us)
 from recipe_names import apply_launch_tables, recipe_config  # noqa: E402
 
+
+
+class ModuleSwitch:
+    """A module's global read and written as a table entry (``table[key]``), so that SWEEP can flip it."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __getitem__(self, key):
+        return getattr(self.module, key)
+
+    def __setitem__(self, key, value):
+        setattr(self.module, key, value)
+
+
+ONE_READ = ModuleSwitch(orp)
 # (table, key, values): each entry is swept alone, the others at their current values.
 SWEEP = [
+    # The statistics and copies of fwd_kv and bwd_qdo in one launch (kernels/one_read_prep.py) or two.
+    (ONE_READ, "ONE_READ", (False, True)),
+    (orp.ONE_READ_LAUNCH, "row_chunk", (16, 32)),
+    (orp.ONE_READ_LAUNCH, "col_group", (8, 16, 32)),
     (qz.ROTATED_LAUNCH, "num_warps", (4, 8)),
     (qz.ROTATED_LAUNCH, "row_chunk", (32, 64, 128)),
     (qz.ROTATED_LAUNCH, "col_group", (32, 64, 128)),
@@ -56,7 +81,8 @@ SWEEP = [
     # memory, 4 programs per SM; 1 holds 174-176 and 42 KB, 5 (results/cpu_stats_partials_registers.txt)
     (ss.ROTATED_PARTIALS, "stages", (None, 1, 2)),
 ]
-TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH",
+TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(ONE_READ): "one_read_prep",
+               id(orp.ONE_READ_LAUNCH): "one_read_prep.ONE_READ_LAUNCH",
                id(ss.ROTATED_PARTIALS): "sequence_stats.ROTATED_PARTIALS"}
 
 
@@ -77,8 +103,7 @@ def steps(q, k, v, do, config):
         return stats_for((k, v), (kc_f, vc_f), also=also)
 
     def fwd_kv():
-        st = fwd_kv_stats()
-        return st, qz.quantize_operands((k, v), (kc_f, vc_f), block=bk, pow2=pow2, stats=st)
+        return stats_then_copies((k, v), (kc_f, vc_f), block=bk, pow2=pow2, also=also)
     out["fwd_kv"] = (fwd_kv, fwd_kv_stats, 4 * nbytes + copies_bytes((kc_f, vc_f)))
     qc, doc = backward_q_copies(config), copies_for("do", config, row=True, col=True)
     q_stats = None  # the Q statistics the forward hands over (forward.triton_forward)
@@ -103,6 +128,8 @@ def steps(q, k, v, do, config):
         return stats_for((q, do), (qc, doc))
 
     def bwd_qdo():
+        if q_stats is None:
+            return stats_then_copies((q, do), (qc, doc), block=bq, pow2=pow2)
         st = bwd_qdo_stats()
         return st, qz.quantize_operands((q, do), (qc, doc), block=bq, pow2=pow2, stats=st)
     out["bwd_qdo"] = (bwd_qdo, bwd_qdo_stats, (3 if q_stats is not None else 4) * nbytes + copies_bytes((qc, doc)))

@@ -73,7 +73,8 @@ from .constants import LOG2E, tl_fp8
 from .launch import launch as launch_kernel
 from .logit_mods import LogitMods, logit_mods, sink_entries, sink_grad
 from .operands import (
-    backward_block_free, backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, tile_recipe,
+    backward_block_free, backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies,
+    tile_recipe,
 )
 from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands, scratch_empty
 from .tiles import cdiv, check_compiled_blocks
@@ -364,15 +365,20 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     # same kernels as the forward's, so the codes of Q and K for QKᵀ are the forward's.
     qc, doc = backward_q_copies(config), copies_for("do", config, row=True, col=True)
     kc, vc = backward_kv_copies(config)
+    # Where no statistics were handed over, they and the copies come from one launch where it can.
     if q_stats is not None:
         qdo_stats = (q_stats, *stats_for((dout,), (doc,), cq, max_q))
+        qdo = quantize_operands((q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q,
+                                stats=qdo_stats)
     else:
-        qdo_stats = stats_for((q, dout), (qc, doc), cq, max_q)
-    (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = quantize_operands(
-        (q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q, stats=qdo_stats)
-    (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = quantize_operands(
-        (k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k,
-        stats=kv_stats if kv_stats is not None else stats_for((k, v), (kc, vc), ck, max_k))
+        _, qdo = stats_then_copies((q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
+    (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = qdo
+    if kv_stats is not None:
+        kv = quantize_operands((k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k, stats=kv_stats)
+    else:
+        _, kv = stats_then_copies((k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
+    (kr, krs, kct, kcs, toff_k), (vr, vrs, _, _, _) = kv
+    del qdo, kv  # each copy is freed as soon as its last reader has run (below)
     if not varlen:  # the kernels read tile offsets only for packed sequences
         toff_q, toff_k = cu_q, cu_k
     interp = interpreting()

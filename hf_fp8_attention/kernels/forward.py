@@ -79,7 +79,7 @@ from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
     quantize_operands, scale_from_amax, to_fp8,
 )
-from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for
+from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies
 from . import forward_gluon
 from .gluon_hopper import gluon_runs
 
@@ -554,14 +554,11 @@ def triton_forward(
     # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
     # after the statistics launches (one pair for both) their sequence-wide scales and K's mean need.
     k_copies, v_copies = copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True)
-    kv_stats = stats_for((k, v), (k_copies, v_copies), mask.cu_seqlens_k, max_k,
-                         also=None if for_backward is None else backward_kv_copies(config))
+    kv_stats, ((k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off)) = stats_then_copies(
+        (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
+        max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config))
     if for_backward is not None:
         for_backward["kv_stats"] = kv_stats
-    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = quantize_operands(
-        (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
-        max_seqlen=max_k, stats=kv_stats,
-    )
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
                                            "triton_forward")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ..config import FP8AttentionConfig, Granularity, PScaling
 from ..transforms import hadamard_block
-from .quantize import Copies
+from .one_read_prep import one_read_operands, one_read_reason
+from .quantize import Copies, quantize_operands
 from .sequence_stats import SequenceStats, StatsNeed, sequence_stats
 
 COL_MODES = {Granularity.TILE: 0, Granularity.CHANNEL: 1, Granularity.HEAD: 2}
@@ -51,6 +52,14 @@ def backward_q_copies(config: FP8AttentionConfig) -> Copies:
     return copies_for("q", config, row=True, col=True)
 
 
+def operand_needs(copies: tuple[Copies, ...], also: tuple[Copies, ...] | None = None) -> tuple[StatsNeed | None, ...]:
+    """Per operand the statistics its ``copies`` (and its ``also`` copies, see :func:`stats_for`)
+    need, or None where they need none."""
+    wanted = [[c] + ([also[i]] if also is not None else []) for i, c in enumerate(copies)]
+    return tuple(StatsNeed(*map(any, zip(*(stats_need(c) for c in cs if c.needs_stats))))
+                 if any(c.needs_stats for c in cs) else None for cs in wanted)
+
+
 def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen: int | None = None,
               also: tuple[Copies, ...] | None = None) -> tuple[SequenceStats | None, ...]:
     """Per operand of ``xs`` (one or two tensors of one shape, as :func:`.quantize.quantize_operands`
@@ -59,16 +68,32 @@ def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen
     axis of a packed batch. ``also``: per operand more copies whose statistics to compute in the
     same launches (the backward's, for the forward to hand over); each statistic comes out the same
     whichever others are computed beside it."""
-    wanted = [[c] + ([also[i]] if also is not None else []) for i, c in enumerate(copies)]
-    needed = [i for i, cs in enumerate(wanted) if any(c.needs_stats for c in cs)]
+    needs = operand_needs(copies, also)
+    needed = [i for i, n in enumerate(needs) if n is not None]
     out: list[SequenceStats | None] = [None] * len(xs)
     if needed:
-        needs = tuple(StatsNeed(*map(any, zip(*(stats_need(c) for c in wanted[i] if c.needs_stats))))
-                      for i in needed)
-        stats = sequence_stats(tuple(xs[i] for i in needed), needs, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        stats = sequence_stats(tuple(xs[i] for i in needed), tuple(needs[i] for i in needed),
+                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         for i, st in zip(needed, stats):
             out[i] = st
     return tuple(out)
+
+
+def stats_then_copies(xs: tuple, copies: tuple[Copies, ...], *, block: int, pow2: bool = False, cu_seqlens=None,
+                      max_seqlen: int | None = None, also: tuple[Copies, ...] | None = None):
+    """``stats_for(xs, copies, cu_seqlens, max_seqlen, also)``, then the copies of
+    :func:`.quantize.quantize_operands` from those statistics (``block``, ``pow2``: its arguments).
+    Returns ``(stats, copies)`` as the two give them, the same bits either way; in one launch that
+    reads each input from HBM once where :func:`.one_read_prep.one_read_reason` allows (a packed
+    batch needs ``max_seqlen`` for that)."""
+    needs = operand_needs(copies, also)
+    max_len = xs[0].shape[2] if cu_seqlens is None else max_seqlen
+    if max_len is not None and one_read_reason(xs, needs, block, int(max_len)) is None:
+        return one_read_operands(xs, copies, needs, block=block, pow2=pow2, cu_seqlens=cu_seqlens,
+                                 max_seqlen=max_seqlen)
+    stats = stats_for(xs, copies, cu_seqlens, max_seqlen, also=also)
+    return stats, quantize_operands(xs, copies, block=block, pow2=pow2, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                    stats=stats)
 
 
 def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:

@@ -468,30 +468,59 @@ def quantize_kernel(
     and format: a launch costs tens of microseconds of host time, more than quantizing a short
     sequence takes on the GPU.
     """
-    tile = tl.program_id(0) * TILES
-    bh = tl.program_id(1)
+    quantize_block(
+        tl.program_id(0) * TILES, tl.program_id(1), tl.program_id(2),
+        x_ptr, sxb, sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr, x_col_scales_ptr,
+        y_ptr, syb, syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr, y_col_scales_ptr,
+        x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
+        h_ptr, cu_ptr, tile_off_ptr, H, S, D, S_PAD, NT,
+        BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, POW2, IS_VARLEN, CVT,
+        X_ROW, X_COL, X_FMAX, X_DTYPE, X_MANT, X_SUB_MAGIC, X_SUB_MIN, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE,
+        Y_ROW, Y_COL, Y_FMAX, Y_DTYPE, Y_MANT, Y_SUB_MAGIC, Y_SUB_MIN, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE,
+        DOT_DTYPE, ROW_STAGES, TILES,
+    )
+
+
+@triton.jit
+def quantize_block(
+    tile, bh, op,
+    x_ptr, sxb, sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr, x_col_scales_ptr,
+    y_ptr, syb, syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr, y_col_scales_ptr,
+    x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
+    h_ptr, cu_ptr, tile_off_ptr, H, S, D, S_PAD, NT,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr,
+    POW2: tl.constexpr, IS_VARLEN: tl.constexpr, CVT: tl.constexpr,
+    X_ROW: tl.constexpr, X_COL: tl.constexpr, X_FMAX: tl.constexpr, X_DTYPE: tl.constexpr,
+    X_MANT: tl.constexpr, X_SUB_MAGIC: tl.constexpr, X_SUB_MIN: tl.constexpr,
+    X_ROTATE: tl.constexpr, X_SHIFT: tl.constexpr, X_ROW_HEAD: tl.constexpr, X_COL_MODE: tl.constexpr,
+    Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
+    Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
+    Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr,
+):
+    """The copies of TILES tiles from tile ``tile`` of (sequence·head ``bh``, operand ``op``: X or
+    Y), :func:`quantize_kernel`'s arguments; nothing where the tile starts past the sequence."""
     b = bh // H
     h = bh % H
     start, length, slot, bb = block_of_sequence(b, tile, cu_ptr, tile_off_ptr, S, IS_VARLEN)
-    if tile * BLOCK_S >= length:
-        return
-    bb = bb.to(tl.int64)
-    bhi = bb * H + h
-    sh = b.to(tl.int64) * H + h  # (sequence, head) of the statistics
-    if tl.program_id(2) == 0:
-        _quantize_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr,
-                       x_col_scales_ptr, h_ptr, x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr,
-                       bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
-                       BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
-                       X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
-                       ROW_STAGES, TILES)
-    else:
-        _quantize_tile(y_ptr + bb * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
-                       y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
-                       bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
-                       BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
-                       Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
-                       ROW_STAGES, TILES)
+    if tile * BLOCK_S < length:
+        row = bb.to(tl.int64)
+        bhi = row * H + h
+        sh = b.to(tl.int64) * H + h  # (sequence, head) of the statistics
+        if op == 0:
+            _quantize_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, x_row_codes_ptr, x_row_scales_ptr, x_col_codes_ptr,
+                           x_col_scales_ptr, h_ptr, x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr,
+                           bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
+                           BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
+                           X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
+                           ROW_STAGES, TILES)
+        else:
+            _quantize_tile(y_ptr + row * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
+                           y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
+                           bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
+                           BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
+                           Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
+                           ROW_STAGES, TILES)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -653,7 +682,52 @@ def quantize_operands(
         with ``DP = padded_head_dim(D)``, ``S_pad`` = S rounded up to 16 (pad columns are zero),
         ``NT`` tile slots (see :func:`tile_slots`); padded channels hold zero codes and scale 1.
     """
-    check_operand_pair("quantize_operands", xs, copies, "Copies")
+    plan = plan_quantize(xs, copies, block=block, pow2=pow2, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                         row_chunk=row_chunk, col_group=col_group, stats=stats)
+    launch_kernel(quantize_kernel, plan.grid, *plan.args, **plan.meta)
+    return plan.outs
+
+
+class QuantizeLaunch(NamedTuple):
+    """A launch of :func:`quantize_kernel` as :func:`plan_quantize` sets it up: per operand X and Y
+    its input, strides and copies' buffers (``operands``) and its statistics (``stats``); the
+    Hadamard matrix ``h``; the packed batch's ``cu_seqlens`` and tile offsets (``packing``); the
+    sizes (H, S, D, S_PAD, NT); its constexprs and options (``meta``); ``grid``; and the outputs
+    per operand as :func:`quantize_operands` returns them (allocated, not yet written)."""
+
+    operands: tuple[tuple, tuple]
+    stats: tuple[tuple, tuple]
+    h: torch.Tensor
+    packing: tuple
+    sizes: tuple
+    meta: dict
+    grid: tuple[int, int, int]
+    outs: list
+
+    @property
+    def args(self) -> tuple:
+        """:func:`quantize_kernel`'s positional arguments."""
+        return (*self.operands[0], *self.operands[1], *self.stats[0], *self.stats[1], self.h, *self.packing,
+                *self.sizes)
+
+
+def plan_quantize(
+    xs: tuple[torch.Tensor, ...],
+    copies: tuple[Copies, ...],
+    *,
+    block: int,
+    pow2: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+    row_chunk: int | None = None,
+    col_group: int | None = None,
+    stats: tuple | None = None,
+    launch: dict | None = None,
+    fn: str = "quantize_operands",
+) -> QuantizeLaunch:
+    """:func:`quantize_operands`'s launch (see there for the arguments), its outputs allocated.
+    ``launch``: a launch table instead of :func:`quant_launch`'s; ``fn``: the name errors give."""
+    check_operand_pair(fn, xs, copies, "Copies")
     x = xs[0]
     bsz, heads, seq, d = x.shape
     dp = padded_head_dim(d)
@@ -662,7 +736,7 @@ def quantize_operands(
     s_pad = cdiv(max(seq, 1), 16) * 16  # 16-byte aligned rows of the transposed copy
     outs = [_alloc_copies(t, c, dp, s_pad, n_slots, varlen) for t, c in zip(xs, copies)]
     rotated = any(c.row and c.rotate for c in copies)
-    launch = quant_launch(rotated, dp)
+    launch = launch or quant_launch(rotated, dp)
     tiles = launch.get("tiles") or 1
     if varlen:
         n_seq = cu_seqlens.numel() - 1
@@ -676,7 +750,7 @@ def quantize_operands(
     col_group = min(col_group or launch["col_group"], dp)
     for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
         if value < 1 or value & (value - 1):
-            raise ValueError(f"quantize_operands: {name} must be a power of two, got {value}")
+            raise ValueError(f"{fn}: {name} must be a power of two, got {value}")
     dummy = x  # never read when the matching constexpr is off
     operand_args = [(t, *t.stride(), *(dummy if o is None else o for o in out)) for t, out in zip(xs, outs)]
     if len(xs) == 1:
@@ -685,22 +759,19 @@ def quantize_operands(
     stat_args = []
     for c, st in zip(copies, stats):
         if c.needs_stats and st is None:
-            raise ValueError(f"quantize_operands: {c} needs the operand's sequence statistics")
+            raise ValueError(f"{fn}: {c} needs the operand's sequence statistics")
         stat_args.append((dummy, dummy, dummy) if st is None else tuple(st))
     if len(xs) == 1:
         stat_args.append(stat_args[0])
     h = rotation_operand(x) if rotated else dummy
-    launch_kernel(
-        quantize_kernel, grid,
-        *operand_args[0], *operand_args[1], *stat_args[0], *stat_args[1], h,
-        cu if varlen else dummy, tile_off if varlen else dummy,
-        heads, seq, d, s_pad, n_slots,
-        BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
-        CVT=cvt_mode(), **_copies_meta(copies[0], "X"), **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"),
-        DOT_DTYPE=dot_dtype(x), ROW_STAGES=launch.get("row_stages"), TILES=tiles, num_warps=launch["num_warps"],
-        maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS,
-    )
-    return [(*out, tile_off) for out in outs]
+    meta = dict(BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
+                CVT=cvt_mode(), **_copies_meta(copies[0], "X"),
+                **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"), DOT_DTYPE=dot_dtype(x),
+                ROW_STAGES=launch.get("row_stages"), TILES=tiles, num_warps=launch["num_warps"],
+                maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS)
+    packing = (cu, tile_off) if varlen else (dummy, dummy)
+    return QuantizeLaunch(tuple(operand_args), tuple(stat_args), h, packing, (heads, seq, d, s_pad, n_slots), meta,
+                          grid, [(*out, tile_off) for out in outs])
 
 
 def quantize_operand(

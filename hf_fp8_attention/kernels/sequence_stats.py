@@ -171,40 +171,72 @@ def _partials_kernel(
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
     FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
 ):
+    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y): see
+    :func:`chunk_partials`."""
+    chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
+                   tl.program_id(0), tl.program_id(1), tl.program_id(2), H, S, D, N_BH, N_SLOTS,
+                   count_ptr, x_out_ptr, y_out_ptr, N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE,
+                   STAGES, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM, Y_AMAX, FOLD, X_MEAN_ROTATE,
+                   Y_MEAN_ROTATE, MEAN_COLS, False)
+
+
+@triton.jit
+def chunk_partials(
+    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
+    chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr, N_SH,
+    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
+    X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
+    Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
+    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
+    PUBLISH: tl.constexpr,
+):
     # (SUM is also "a shift will be subtracted": the shift is the mean, see _finish_write.)
-    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y). FOLD:
-    the program that completes a sequence's chunks also folds them (module docstring); the MEAN
-    flags are :func:`_finish_kernel`'s ROTATE and its COLS."""
-    chunk = tl.program_id(0)
-    bh = tl.program_id(1)
-    op = tl.program_id(2)
+    """The partials of chunk ``chunk`` of (sequence·head ``bh``, operand ``op``: X or Y). FOLD: the
+    program that completes a sequence's chunks also folds them (module docstring); the MEAN flags
+    are :func:`_finish_kernel`'s ROTATE and its COLS. PUBLISH (with FOLD): after its fold that
+    program counts once more, so the counter reads ``cdiv(length, CHUNK) + 1`` once the
+    statistics are written (:func:`wait_for_statistics`). Returns the sequence's length."""
     b = bh // H
     h = bh % H
     start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
-    if chunk * CHUNK >= length:
+    if chunk * CHUNK < length:
+        row = bb.to(tl.int64)
+        out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + row * H + h) * 4 * BLOCK_D
+        if op == 0:
+            _partials_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
+                           BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
+        else:
+            _partials_tile(y_ptr + row * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
+                           BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
         if FOLD:
-            if chunk == 0:  # an empty sequence: no chunk to wait for, its statistics are zeros
-                _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot, bb, H, N_BH,
-                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM,
-                               MEAN_COLS)
-        return
-    bb = bb.to(tl.int64)
-    out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + bb * H + h) * 4 * BLOCK_D
-    if op == 0:
-        _partials_tile(x_ptr + bb * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
-    else:
-        _partials_tile(y_ptr + bb * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D,
-                       CHUNK, SUB, BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
-    if FOLD:
-        # Every thread's partial stored before one thread counts the chunk done; the counter's
-        # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
-        # counts last, which folds them.
-        tl.debug_barrier()
-        done = tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="acq_rel", scope="gpu")
-        if done == tl.cdiv(length, CHUNK) - 1:
-            _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot - chunk, bb, H, N_BH,
-                           N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
+            # Every thread's partial stored before one thread counts the chunk done; the counter's
+            # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
+            # counts last, which folds them.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="acq_rel", scope="gpu")
+            if done == tl.cdiv(length, CHUNK) - 1:
+                _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot - chunk, row, H, N_BH,
+                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
+                if PUBLISH:  # every thread's statistics stored, then released
+                    tl.debug_barrier()
+                    tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="release", scope="gpu")
+    elif FOLD:
+        if chunk == 0:  # an empty sequence: no chunk to wait for, its statistics are zeros
+            _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot, bb, H, N_BH, N_SLOTS,
+                           N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
+    return length
+
+
+@triton.jit
+def wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK: tl.constexpr):
+    """Spin until the fold of (operand ``op``, sequence·head ``bh``) has published its statistics
+    (:func:`chunk_partials` with PUBLISH). The acquire (GPU scope) orders the statistics' loads that
+    follow after the folding program's stores."""
+    ready = tl.cdiv(length, CHUNK) + 1
+    seen = tl.atomic_add(count_ptr + op * N_SH + bh, 0, sem="acquire", scope="gpu")
+    while seen < ready:
+        seen = tl.atomic_add(count_ptr + op * N_SH + bh, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -303,17 +335,32 @@ class SequenceStats(NamedTuple):
     col_amax: torch.Tensor  # (n_seq, H, DP) fp32
 
 
-def sequence_stats(
+class StatsLaunch(NamedTuple):
+    """A partials launch over one or two operands, as :func:`stats_launch` sets it up: ``args``, the
+    partials kernel's arguments before its counters, ``outs`` those after them; ``meta`` its
+    constexprs (FOLD aside) and launch options; ``results`` the views its fold writes; ``grid``
+    (chunks per sequence·head row, rows, operands); ``finish_args``, :func:`_finish_kernel`'s
+    arguments before its constexprs."""
+
+    args: tuple
+    outs: tuple
+    meta: dict
+    results: tuple[SequenceStats, ...]
+    grid: tuple[int, int, int]
+    n_sh: int
+    max_len: int
+    finish_args: tuple
+
+
+def stats_launch(
     xs: tuple[torch.Tensor, ...],
     needs: tuple[StatsNeed, ...],
-    *,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
-) -> tuple[SequenceStats, ...]:
-    """:class:`SequenceStats` of one or two tensors ``(B, H, S, D)`` of one shape (any strides;
-    varlen: ``B == 1`` and int32 ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest
-    sequence), one :class:`StatsNeed` each, in two launches for both. Fields not asked for hold
-    meaningless values."""
+) -> StatsLaunch:
+    """The partials launch of :func:`sequence_stats` for ``xs`` and ``needs`` (see there), its
+    buffers allocated (one partials buffer; per operand one output buffer, its three statistics
+    back to back)."""
     check_operand_pair("sequence_stats", xs, needs, "StatsNeed")
     x = xs[0]
     bsz, heads, seq, d = x.shape
@@ -340,8 +387,6 @@ def sequence_stats(
     outs = [alloc((n_sh * (2 * dp + 1),), dtype=torch.float32, device=dev) for _ in xs]
     results = tuple(SequenceStats(o[:n_sh * dp].view(n_seq, heads, dp), o[2 * n_sh * dp:].view(n_seq, heads),
                                   o[n_sh * dp:2 * n_sh * dp].view(n_seq, heads, dp)) for o in outs)
-    if n_seq == 0:
-        return results
     cu = cu_seqlens if varlen else x
     y = xs[-1]
     ny = needs[-1] if len(xs) == 2 else StatsNeed()
@@ -361,25 +406,42 @@ def sequence_stats(
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
         stages = maxnreg = None
+    meta = dict(CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise,
+                STAGES=stages, **flags, X_MEAN_ROTATE=needs[0].rotate, Y_MEAN_ROTATE=ny.rotate, MEAN_COLS=MEAN_COLS,
+                num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS)
+    args = (x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots)
+    # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
+    grid = (max(cdiv(max_len, CHUNK), 1), n_seq * heads, len(xs))
+    finish_args = (part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh)
+    return StatsLaunch(args, (outs[0], outs[-1], n_sh), meta, results, grid, n_sh, max_len, finish_args)
+
+
+def sequence_stats(
+    xs: tuple[torch.Tensor, ...],
+    needs: tuple[StatsNeed, ...],
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> tuple[SequenceStats, ...]:
+    """:class:`SequenceStats` of one or two tensors ``(B, H, S, D)`` of one shape (any strides;
+    varlen: ``B == 1`` and int32 ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest
+    sequence), one :class:`StatsNeed` each, in one launch for both (two with
+    :data:`FOLD_IN_PARTIALS` off). Fields not asked for hold meaningless values."""
+    st = stats_launch(xs, needs, cu_seqlens, max_seqlen)
+    if st.n_sh == 0:
+        return st.results
     fold = FOLD_IN_PARTIALS
-    mean_flags = dict(X_MEAN_ROTATE=needs[0].rotate, Y_MEAN_ROTATE=ny.rotate, MEAN_COLS=MEAN_COLS)
-    if fold or max_len > 0:
-        # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
-        counts = torch.zeros(len(xs), n_sh, dtype=torch.int32, device=dev) if fold else x
-        launch_kernel(
-            _partials_kernel, (max(cdiv(max_len, CHUNK), 1), n_seq * heads, len(xs)),
-            x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots,
-            counts, outs[0], outs[-1], n_sh,
-            CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen,
-            DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise, STAGES=stages, **flags, FOLD=fold, **mean_flags,
-            num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS,
-        )
+    x = xs[0]
+    if fold or st.max_len > 0:
+        counts = torch.zeros(len(xs), st.n_sh, dtype=torch.int32, device=x.device) if fold else x
+        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, **st.meta)
     if not fold:
+        ny = needs[-1] if len(xs) == 2 else StatsNeed()
+        heads = x.shape[1]
         launch_kernel(
-            _finish_kernel, (n_seq, heads, len(xs)),
-            part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh,
-            CHUNK=CHUNK, BLOCK_D=dp, IS_VARLEN=varlen, X_ROTATE=needs[0].rotate, X_SMOOTH=needs[0].smooth,
-            Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
+            _finish_kernel, (st.grid[1] // heads, heads, len(xs)), *st.finish_args,
+            CHUNK=CHUNK, BLOCK_D=st.meta["BLOCK_D"], IS_VARLEN=st.meta["IS_VARLEN"], X_ROTATE=needs[0].rotate,
+            X_SMOOTH=needs[0].smooth, Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
             num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
         )
-    return results
+    return st.results
