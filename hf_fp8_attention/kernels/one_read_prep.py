@@ -37,8 +37,9 @@ from .tiles import cdiv
 # has run on a GPU (tests/gpu/test_one_read_prep_kernel.py).
 ONE_READ = False
 # The copies' slices in the one-read launch, which runs on the statistics launch's warps (2 with a
-# rotation, 4 without): 32-token rows (the statistics' own slice) and 16-channel groups (the plain
-# quantization launch's, on 2 warps).
+# rotation, 4 without): 16-token rows and 16-channel groups. Offline (sm_90a) the forward's K/V
+# launch then holds 178-180 registers, as the statistics launch alone (176); 32-token rows took 255
+# and spilled.
 ONE_READ_LAUNCH = {"row_chunk": 16, "col_group": 16, "num_warps": None, "row_stages": None, "tiles": None}
 
 

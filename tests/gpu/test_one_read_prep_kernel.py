@@ -78,6 +78,7 @@ def test_one_read_launch_is_the_two_launches(recipe, shape, step, monkeypatch):
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
     max_len = s if cu is None else int((cu[1:] - cu[:-1]).max())
     needs = operands.operand_needs(copies, also)
+    monkeypatch.setattr(orp, "ONE_READ", True)
     assert orp.one_read_reason(xs, needs, block, max_len) is None, "the one-read launch does not run here"
     want = _run(xs, copies, also, block, cu, max_len, False, monkeypatch)
     calls = []
@@ -103,6 +104,7 @@ def test_longest_one_read_sequence(monkeypatch):
     s = CHUNK * sm_count(torch.cuda.current_device())
     xs = _inputs(1, 2, s, 128, seed=3)
     needs = operands.operand_needs(copies, also)
+    monkeypatch.setattr(orp, "ONE_READ", True)
     assert orp.one_read_reason(xs, needs, block, s) is None
     assert orp.one_read_reason(xs, needs, block, s + 1) is not None
     want = _run(xs, copies, also, block, None, s, False, monkeypatch)
