@@ -66,6 +66,7 @@ SWEEP = [
     (ONE_READ, "ONE_READ", (False, True)),
     (orp.ONE_READ_LAUNCH, "row_chunk", (16, 32)),
     (orp.ONE_READ_LAUNCH, "col_group", (8, 16, 32)),
+    (orp.ONE_READ_LAUNCH, "row_stages", (None, 2)),
     (qz.ROTATED_LAUNCH, "num_warps", (4, 8)),
     (qz.ROTATED_LAUNCH, "row_chunk", (32, 64, 128)),
     (qz.ROTATED_LAUNCH, "col_group", (32, 64, 128)),
@@ -186,6 +187,9 @@ def main():
                          "table for the timings and the sweep, whose bit checks stay against the first table's outputs")
     ap.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                     help="the same for sequence_stats.ROTATED_PARTIALS (e.g. stages=None)")
+    ap.add_argument("--one-read", type=int, choices=(0, 1), default=None,
+                    help="one_read_prep.ONE_READ for the timings and the sweep (its ONE_READ_LAUNCH entries "
+                         "matter only with 1); bit checks against the default's outputs")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     first_tables = (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS))
@@ -202,10 +206,13 @@ def main():
     clone_tbs = 2 * q.numel() * q.element_size() / clone_us / 1e6
     reference = {name: whole() for name, (whole, _, _) in st.items()}
     apply_launch_tables(ap, a.set, a.stats_launch, quant_flag="--set")
-    if (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS)) != first_tables:
+    first_one_read = orp.ONE_READ
+    if a.one_read is not None:
+        orp.ONE_READ = bool(a.one_read)
+    if (dict(qz.ROTATED_LAUNCH), dict(ss.ROTATED_PARTIALS), orp.ONE_READ) != (*first_tables, first_one_read):
         same = all(_same(reference[name], whole()) for name, (whole, _, _) in st.items())
-        flags = " ".join(f"{flag} {spec}" for flag, spec in (("--set", a.set), ("--stats-launch", a.stats_launch))
-                         if spec)
+        given = (("--set", a.set), ("--stats-launch", a.stats_launch), ("--one-read", a.one_read))
+        flags = " ".join(f"{flag} {spec}" for flag, spec in given if spec not in (None, ""))
         print(f"{flags}: outputs {'bit-identical to' if same else 'DIFFER from'} the first tables'", flush=True)
         env["set"] = flags
     base = time_steps(st)

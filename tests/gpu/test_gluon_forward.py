@@ -48,6 +48,13 @@ from hf_fp8_attention.kernels import exponent, forward, forward_gluon, forward_p
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from hf_fp8_attention.reference import emulated_forward  # noqa: E402
 
+
+def count_quantizations(monkeypatch, counts) -> None:
+    """Count the forward's quantization launches in ``counts[0]``: K and V's (statistics and copies,
+    in one launch or two: ``stats_then_copies``) and Q's (``quantize_operands``)."""
+    count_calls(monkeypatch, forward, "stats_then_copies", counts, 0)
+    count_calls(monkeypatch, forward, "quantize_operands", counts, 0)
+
 pytestmark = pytest.mark.gpu
 
 F32_REL, BF16_STEP, LSE_ABS, FMA_O_REL = 1e-6, 2.0**-7, 1e-5, 1e-3  # see the module docstring
@@ -228,7 +235,7 @@ def test_gluon_forward_quantizes_q_as_the_quantization_launch(shape, recipe, dty
     if nan:  # one element of Q: its token's scale (per token) or its head's (per head) is NaN
         q[0, 1, 100, 7] = float("nan")
     quantizations = [0]
-    count_calls(monkeypatch, forward, "quantize_operands", quantizations, 0)
+    count_quantizations(monkeypatch, quantizations)
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", False)
     want = _forward((q, k, v), mask, scale, config)
     assert quantizations[0] == 2
@@ -269,7 +276,7 @@ def test_persistent_forward_is_the_per_block_kernel(shape, recipe, layout, q_cod
     want = _forward((q, k, v), mask, scale, config)
     persistent, quantizations = [0], [0]
     count_calls(monkeypatch, forward_persistent, "launch", persistent, 0)
-    count_calls(monkeypatch, forward, "quantize_operands", quantizations, 0)
+    count_quantizations(monkeypatch, quantizations)
     monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
     got = _forward((q, k, v), mask, scale, config)
     assert inside and gluon_calls[0] == 2 and persistent[0] == 1
