@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..config import FP8AttentionConfig, Granularity, PScaling
 from ..transforms import hadamard_block
-from .one_read_prep import one_read_operands, one_read_reason
+from . import one_read_prep
 from .quantize import Copies, quantize_operands
 from .sequence_stats import SequenceStats, StatsNeed, sequence_stats
 
@@ -86,11 +86,12 @@ def stats_then_copies(xs: tuple, copies: tuple[Copies, ...], *, block: int, pow2
     Returns ``(stats, copies)`` as the two give them, the same bits either way; in one launch that
     reads each input from HBM once where :func:`.one_read_prep.one_read_reason` allows (a packed
     batch needs ``max_seqlen`` for that)."""
-    needs = operand_needs(copies, also)
     max_len = xs[0].shape[2] if cu_seqlens is None else max_seqlen
-    if max_len is not None and one_read_reason(xs, needs, block, int(max_len)) is None:
-        return one_read_operands(xs, copies, needs, block=block, pow2=pow2, cu_seqlens=cu_seqlens,
-                                 max_seqlen=max_seqlen)
+    if one_read_prep.ONE_READ and max_len is not None:  # (its switch first: host time when off)
+        needs = operand_needs(copies, also)
+        if one_read_prep.one_read_reason(xs, needs, block, int(max_len)) is None:
+            return one_read_prep.one_read_operands(xs, copies, needs, block=block, pow2=pow2, cu_seqlens=cu_seqlens,
+                                                   max_seqlen=max_seqlen)
     stats = stats_for(xs, copies, cu_seqlens, max_seqlen, also=also)
     return stats, quantize_operands(xs, copies, block=block, pow2=pow2, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                                     stats=stats)

@@ -82,8 +82,8 @@ def test_one_read_launch_is_the_two_launches(recipe, shape, step, monkeypatch):
     assert orp.one_read_reason(xs, needs, block, max_len) is None, "the one-read launch does not run here"
     want = _run(xs, copies, also, block, cu, max_len, False, monkeypatch)
     calls = []
-    real = operands.one_read_operands
-    monkeypatch.setattr(operands, "one_read_operands", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = orp.one_read_operands
+    monkeypatch.setattr(orp, "one_read_operands", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = _run(xs, copies, also, block, cu, max_len, True, monkeypatch)
     assert calls, "stats_then_copies took the two launches"
     assert len(got) == len(want)
