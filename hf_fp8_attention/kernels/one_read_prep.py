@@ -35,8 +35,8 @@ from .tiles import cdiv
 
 # The one-read launch where it applies (one_read_reason); off: always the two launches. Off: the same
 # bits, but on the H100 the forward's K/V step took 231 against 192 us at 2 x 8k tokens and the op
-# 0.4-3.8% longer: the copies on the statistics' 2 warps run slower than the quantization launch's 8
-# (benchmarks/NOTES.md, "Quantization").
+# 0.4-3.8% longer: the copies on the statistics' 2 warps, one slice in flight per program, run slower
+# than the quantization launch's pipelined 8 (benchmarks/NOTES.md, "Quantization").
 ONE_READ = False
 # The copies' slices in the one-read launch, which runs on the statistics launch's warps (2 with a
 # rotation, 4 without): 16-token rows and 16-channel groups. Offline (sm_90a) the forward's K/V
