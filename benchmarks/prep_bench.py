@@ -60,8 +60,11 @@ class ModuleSwitch:
 
 
 ONE_READ = ModuleSwitch(orp)
+QUANTIZE_SWITCHES = ModuleSwitch(qz)
 # (table, key, values): each entry is swept alone, the others at their current values.
 SWEEP = [
+    # The channel-wise copies with sequence-wide scales: division by FMAs instead of div.rn.
+    (QUANTIZE_SWITCHES, "COL_FMA_DIVISION", (False, True)),
     # The statistics and copies of fwd_kv and bwd_qdo in one launch (kernels/one_read_prep.py) or two.
     (ONE_READ, "ONE_READ", (False, True)),
     (orp.ONE_READ_LAUNCH, "row_chunk", (16, 32)),
@@ -83,6 +86,7 @@ SWEEP = [
     (ss.ROTATED_PARTIALS, "stages", (None, 1, 2)),
 ]
 TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(ONE_READ): "one_read_prep",
+               id(QUANTIZE_SWITCHES): "quantize",
                id(orp.ONE_READ_LAUNCH): "one_read_prep.ONE_READ_LAUNCH",
                id(ss.ROTATED_PARTIALS): "sequence_stats.ROTATED_PARTIALS"}
 

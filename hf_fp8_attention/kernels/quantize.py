@@ -72,6 +72,12 @@ ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 1
 # benchmarks/results/cpu_kernel_resources.txt).
 QUANT_LAUNCH_D256 = {"row_chunk": 16, "col_group": 16, "num_warps": 2}
 ROTATED_LAUNCH_D256 = {"row_chunk": 32, "col_group": 64, "num_warps": 8}
+# The channel-wise copies with sequence-wide scales (per channel of the sequence, or per head) divide
+# by FMAs (divide_by_scale: the same quotients) instead of div.rn, whose slow-path check and branch
+# take ~180 of the 726 instructions of that loop per 32 elements (offline, sm_90a). Off: not yet
+# timed; with per-tile scales the FMA form was slower, every thread recomputing its columns'
+# reciprocals (benchmarks/NOTES.md, "Quantization"). Read at every launch (benchmarks flip it).
+COL_FMA_DIVISION = False
 
 
 def quant_launch(rotated: bool, dp: int) -> dict:
@@ -349,7 +355,7 @@ def _quantize_tile(
     ROW: tl.constexpr, COL: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr, DTYPE: tl.constexpr,
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr = False,
 ):
     """The copies of TILES consecutive (BLOCK_S tokens, head) tiles of one operand (``x_base``: its
     (batch, head)), from tile ``tile`` (slot ``slot``) on; tiles past the sequence's end are skipped.
@@ -403,13 +409,13 @@ def _quantize_tile(
         if TILES == 1:  # the caller checked that the tile holds tokens
             _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile,
                       start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT,
-                      SUB_MAGIC, SUB_MIN, CVT, COL_MODE)
+                      SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
         else:
             for i in tl.static_range(TILES):
                 if (tile + i) * BLOCK_S < length:
                     _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh,
                               tile + i, start, length, slot + i, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2,
-                              FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE)
+                              FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
 
 
 @triton.jit
@@ -417,10 +423,11 @@ def _col_copy(
     x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, start, length, slot,
     D, S_PAD, NT, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr,
     FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
-    CVT: tl.constexpr, COL_MODE: tl.constexpr,
+    CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr,
 ):
     """The transposed channel-wise copy of one tile (slot ``slot``) of :func:`_quantize_tile`,
-    COL_GROUP channels at a time."""
+    COL_GROUP channels at a time. COL_FMA (sequence-wide scales, COL_MODE 1 or 2): the division by
+    FMAs of :func:`divide_by_scale` instead of ``div_rn``, the same quotients (see there)."""
     tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
     tile_tok = start + tile_s
     tile_ok = tile_s < length
@@ -434,7 +441,7 @@ def _col_copy(
             c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
         else:
             c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
-        c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT)
+        c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_FMA and COL_MODE != 0)
         tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
         c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
         tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
@@ -460,7 +467,7 @@ def quantize_kernel(
     Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None, TILES: tl.constexpr = 1,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None, TILES: tl.constexpr = 1, COL_FMA: tl.constexpr = False,
 ):
     """One program per (TILES consecutive tiles of BLOCK_S tokens of one sequence, batch·head, operand).
 
@@ -477,7 +484,7 @@ def quantize_kernel(
         BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, POW2, IS_VARLEN, CVT,
         X_ROW, X_COL, X_FMAX, X_DTYPE, X_MANT, X_SUB_MAGIC, X_SUB_MIN, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE,
         Y_ROW, Y_COL, Y_FMAX, Y_DTYPE, Y_MANT, Y_SUB_MAGIC, Y_SUB_MIN, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE,
-        DOT_DTYPE, ROW_STAGES, TILES,
+        DOT_DTYPE, ROW_STAGES, TILES, COL_FMA,
     )
 
 
@@ -496,7 +503,7 @@ def quantize_block(
     Y_ROW: tl.constexpr, Y_COL: tl.constexpr, Y_FMAX: tl.constexpr, Y_DTYPE: tl.constexpr,
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr,
 ):
     """The copies of TILES tiles from tile ``tile`` of (sequence·head ``bh``, operand ``op``: X or
     Y), :func:`quantize_kernel`'s arguments; nothing where the tile starts past the sequence."""
@@ -513,14 +520,14 @@ def quantize_block(
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
                            X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES)
+                           ROW_STAGES, TILES, COL_FMA)
         else:
             _quantize_tile(y_ptr + row * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
                            y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
                            Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES)
+                           ROW_STAGES, TILES, COL_FMA)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -767,8 +774,8 @@ def plan_quantize(
     meta = dict(BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
                 CVT=cvt_mode(), **_copies_meta(copies[0], "X"),
                 **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"), DOT_DTYPE=dot_dtype(x),
-                ROW_STAGES=launch.get("row_stages"), TILES=tiles, num_warps=launch["num_warps"],
-                maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS)
+                ROW_STAGES=launch.get("row_stages"), TILES=tiles, COL_FMA=COL_FMA_DIVISION,
+                num_warps=launch["num_warps"], maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS)
     packing = (cu, tile_off) if varlen else (dummy, dummy)
     return QuantizeLaunch(tuple(operand_args), tuple(stat_args), h, packing, (heads, seq, d, s_pad, n_slots), meta,
                           grid, [(*out, tile_off) for out in outs])

@@ -131,3 +131,33 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     bits = torch.int32 if a.element_size() == 4 else torch.uint8
     nan_a, nan_b = a.float().isnan(), b.float().isnan()
     return torch.equal(nan_a, nan_b) and torch.equal(a.view(bits)[~nan_a], b.view(bits)[~nan_b])
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_delta_token"])
+def test_channel_copies_by_fma_division_are_the_div_rn_copies(recipe, monkeypatch):
+    """``quantize.COL_FMA_DIVISION``: the channel-wise copies with sequence-wide scales divide by FMAs
+    instead of ``div.rn``; every code and scale of the backward's copies of Q, dO, K and V is the
+    same, on inputs with outliers and a NaN."""
+    from hf_fp8_attention.config import RECIPES
+    from hf_fp8_attention.kernels import operands
+    from hf_fp8_attention.kernels import quantize as quantize_module
+
+    config = RECIPES[recipe]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    xs = [torch.randn(2, 3, 1000, 128, device="cuda", generator=gen) * torch.logspace(-3, 3, 128, device="cuda")
+          for _ in range(4)]
+    xs[1][0, 1, 17, 5] = float("nan")
+    q, do, k, v = (x.bfloat16() for x in xs)
+    steps = [((q, do), (operands.backward_q_copies(config), operands.copies_for("do", config, row=True, col=True)),
+              config.block_q),
+             ((k, v), operands.backward_kv_copies(config), config.block_k)]
+    for pair, copies, block in steps:
+        stats = operands.stats_for(pair, copies)
+        outs = []
+        for on in (False, True):
+            monkeypatch.setattr(quantize_module, "COL_FMA_DIVISION", on)
+            got = quantize_module.quantize_operands(pair, copies, block=block, stats=stats)
+            outs.append([t for out in got for t in out if t is not None])
+        for a, b in zip(*outs):
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a.view(torch.int32),
+                               b.view(torch.uint8) if b.element_size() == 1 else b.view(torch.int32))
