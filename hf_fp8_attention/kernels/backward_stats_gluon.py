@@ -35,8 +35,9 @@ if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
 
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_producer, program_entries, query_block,
-        query_side_producer, ring_barriers, scheduled_block, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_codes, persistent_query_side_producer,
+        program_entries, query_block, query_side_producer, ring_barriers, scheduled_block, warpgroup_mma,
+        warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -314,11 +315,7 @@ if gluon is not None:
             q0 = m0 + WG * HALF_Q
             queries, sq, sdo = _row_factors(QRS, KRS, VRS, DORS, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q,
                                             gl.SliceLayout(1, s_layout))
-            mbarrier.wait(q_bar, (j - i0) & 1)
-            q_reg = q_smem.index(WG).load(qa_layout)
-            do_reg = do_smem.index(WG).load(qa_layout)
-            thread_barrier()  # every thread's loads done before the producer may overwrite the buffers
-            mbarrier.arrive(q_free, count=1)
+            q_reg, do_reg = persistent_query_side_codes(q_smem, do_smem, q_bar, q_free, j - i0, WG, qa_layout)
             _stats_rows(q_reg, do_reg, c, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0,
                         t_hi, queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES)
             c += t_hi

@@ -336,6 +336,18 @@ if gluon is not None:
         return gl.load(SCHED + pid), gl.load(SCHED + pid + 1)
 
     @gluon.jit
+    def persistent_query_side_codes(q_smem, do_smem, q_bar, q_free, n, WG: gl.constexpr, layout: gl.constexpr):
+        """The consumers' side of :func:`persistent_query_side_producer`: warpgroup WG's Q and dO
+        codes of the program's ``n``-th block, loaded into registers (``layout``) once they have
+        arrived, then their buffers released to the producer for the next block."""
+        mbarrier.wait(q_bar, n & 1)
+        q_reg = q_smem.index(WG).load(layout)
+        do_reg = do_smem.index(WG).load(layout)
+        thread_barrier()  # every thread's loads done before the producer may overwrite the buffers
+        mbarrier.arrive(q_free, count=1)
+        return q_reg, do_reg
+
+    @gluon.jit
     def persistent_query_side_producer(q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
                                        kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G, SQ, SK,
                                        HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
