@@ -261,7 +261,7 @@ def offline_main(args) -> None:
 
     # The host code asks the device two things: TMA (sm_90 has it) and the SM count (H200: 132).
     forward._use_tma = lambda device: forward.os.environ.get(forward.TMA_ENV, "1") != "0"
-    forward._sm_count = lambda index: 132
+    forward.sm_count = lambda index: 132
     backward._check_limits = lambda q, config: None
 
     class EveryCandidate:

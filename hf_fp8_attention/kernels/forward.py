@@ -74,7 +74,7 @@ from .constants import LOG2E
 from .exponent import fma_bound
 from .launch import launch as launch_kernel
 from .logit_mods import logit_mods, soft_cap
-from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, visible
+from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, sm_count, visible
 from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
     quantize_operands, scale_from_amax, to_fp8,
@@ -453,11 +453,6 @@ def wave_bucket(programs: int, sm_count: int) -> int:
     return min(next_pow2(cdiv(max(programs, 1), sm_count)), 16)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 @functools.lru_cache(maxsize=64)
 def _kernel_meta(config: FP8AttentionConfig, d: int, causal: bool, has_window: bool, varlen: bool, cvt: int,
                  tma: bool, kv_aligned: bool) -> dict:
@@ -643,7 +638,7 @@ def triton_forward(
                meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"], meta["SOFTCAP"], meta["ROW_SHIFT"], meta["SINK"],
                meta["FMA_BOUND"],
                length_bucket(max(rows, max_k if varlen else sk)),
-               wave_bucket(cdiv(rows, 64) * n_prog1, _sm_count(q.device.index)))
+               wave_bucket(cdiv(rows, 64) * n_prog1, sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch, autotune_space(meta["BLOCK_D"])))
     return out, lse
 

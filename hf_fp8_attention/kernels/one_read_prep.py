@@ -27,11 +27,10 @@ import triton
 import triton.language as tl
 
 from .launch import launch as launch_kernel
-from .persistent_schedule import sm_count
 from .quantize import Copies, interpreting, padded_head_dim, plan_quantize, quantize_block
 from .sequence_stats import CHUNK, FOLD_IN_PARTIALS, SequenceStats, StatsNeed, chunk_partials, stats_launch, \
     wait_for_statistics
-from .tiles import cdiv
+from .tiles import cdiv, sm_count
 
 # The one-read launch where it applies (one_read_reason); off: always the two launches. Off: the same
 # bits, but on the H100 the forward's K/V step took 231 against 192 us at 2 x 8k tokens and the op

@@ -16,6 +16,8 @@ import heapq
 
 import torch
 
+from .tiles import sm_count
+
 # A query block's fixed cost, in 128-key tiles' time, beside its key tiles: its operands' first
 # loads and its epilogue, about 2 µs against the H100's ~1.4 µs per 128 x 128 tile of the forward
 # (benchmarks/NOTES.md, "Forward"). It only weighs blocks of different lengths against each other.
@@ -57,12 +59,6 @@ def schedule(n_blk: int, rows: int, n_tiles_k: int, causal: bool, head_group: in
     return torch.tensor(offsets + [x for blocks in lists for x in blocks], dtype=torch.int32, device=device)
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int | None) -> int:
-    """The multiprocessors of CUDA device ``device_index``."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def launch_table(n_blk: int, rows: int, sk: int, causal: bool, head_group: int,
                  device: torch.device) -> tuple[torch.Tensor, int]:
     """(table, programs) of a persistent launch over ``n_blk`` 128-query blocks in each of ``rows``
@@ -72,4 +68,4 @@ def launch_table(n_blk: int, rows: int, sk: int, causal: bool, head_group: int,
     return schedule(n_blk, rows, sk // 128, causal, head_group, programs, device), programs
 
 
-__all__ = ["BLOCK_COST_TILES", "launch_order", "launch_table", "schedule", "sm_count"]
+__all__ = ["BLOCK_COST_TILES", "launch_order", "launch_table", "schedule"]

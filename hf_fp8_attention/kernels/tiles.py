@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -161,6 +163,13 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1), in plain Python like :func:`cdiv`."""
     return 1 << max(n - 1, 0).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int | None) -> int:
+    """The multiprocessors of CUDA device ``device_index`` (cached: a device query per launch costs
+    host time)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # Every layer of a model forward, and its backward, passes the same cu_seqlens tensor: its block

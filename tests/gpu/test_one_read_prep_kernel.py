@@ -98,7 +98,7 @@ def test_one_read_launch_is_the_two_launches(recipe, shape, step, monkeypatch):
 
 def test_longest_one_read_sequence(monkeypatch):
     """One sequence of exactly as many chunks as the GPU has SMs: every SM's programs wait on it."""
-    from hf_fp8_attention.kernels.persistent_schedule import sm_count
+    from hf_fp8_attention.kernels.tiles import sm_count
     config = RECIPES["fp8_delta"]
     copies, also, block = _steps(config)["fwd_kv"]
     s = CHUNK * sm_count(torch.cuda.current_device())
