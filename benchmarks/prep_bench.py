@@ -81,6 +81,9 @@ SWEEP = [
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
     (ss.ROTATED_PARTIALS, "sub", (16, 32, 64)),  # 16: 160-166 registers; K's mean sums other slices
     (ss.ROTATED_PARTIALS, "elementwise", (False, True)),
+    # Element-wise extremes for smoothed operands too (K's): 255 registers and a spill at 32-token
+    # slices, 176 and none at 16 (offline, sm_90a); K's mean then sums other slices at 16.
+    (ss.ROTATED_PARTIALS, "elementwise_smoothed", (False, True)),
     # The slice loop's pipelining: the compiler's default (3) holds 242-252 registers and 50 KB of shared
     # memory, 4 programs per SM; 1 holds 174-176 and 42 KB, 5 (results/cpu_stats_partials_registers.txt)
     (ss.ROTATED_PARTIALS, "stages", (None, 1, 2)),

@@ -234,17 +234,20 @@ QUANT_CASES = {
 }
 
 
-# The statistics kernel's checks: name -> (varlen, head dim, fold in the partials launch).
+# The statistics kernel's checks: name -> (varlen, head dim, fold in the partials launch[, element-wise
+# extremes for the smoothed operand]).
 STATS_CASES = {"dense_d64": (False, 64, False), "varlen_d96": (True, 96, False),
-               "dense_d64_fold": (False, 64, True), "varlen_d96_fold": (True, 96, True)}
+               "dense_d64_fold": (False, 64, True), "varlen_d96_fold": (True, 96, True),
+               "varlen_d96_fold_elementwise_smoothed": (True, 96, True, True)}
 
 
-def _stats_case(varlen: bool, d: int, fold: bool):
+def _stats_case(varlen: bool, d: int, fold: bool, elementwise_smoothed: bool = False):
     """The statistics kernel (two operands per launch, every kind of statistic) against PyTorch,
     with 32-token chunks instead of 256 (one slice each), so that the dense case's 45-token rows
     span two chunks and the fold (finishing launch, or ``fold``: the program that completes the
     last chunk) folds both (the interpreter also runs 8x fewer slices). The packed batch has an
-    empty sequence, and a batch of empty sequences only must give zeros too."""
+    empty sequence, and a batch of empty sequences only must give zeros too. ``elementwise_smoothed``:
+    the rotating launch keeps the smoothed K's extremes element-wise too (``ROTATED_PARTIALS``)."""
     import torch
 
     from hf_fp8_attention.kernels import sequence_stats as stats_module
@@ -257,8 +260,9 @@ def _stats_case(varlen: bool, d: int, fold: bool):
     v = (torch.randn(*shape, generator=gen) * 5).to(torch.bfloat16).float()
     cu = torch.tensor([0, 9, 9, 40], dtype=torch.int32) if varlen else None
     needs = (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True))
-    saved = stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS
+    saved = stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS, stats_module.ROTATED_PARTIALS
     stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS = 32, fold
+    stats_module.ROTATED_PARTIALS = {**saved[2], "elementwise_smoothed": elementwise_smoothed}
     try:
         got_k, got_v = sequence_stats((k, v), needs, cu_seqlens=cu)
         (got_q,) = sequence_stats((v,), (StatsNeed(rotate=True, row_amax=True),), cu_seqlens=cu)
@@ -266,7 +270,7 @@ def _stats_case(varlen: bool, d: int, fold: bool):
             nothing = torch.zeros(1, 3, 0, d)
             only_empty = sequence_stats((nothing, nothing), needs, cu_seqlens=torch.zeros(3, dtype=torch.int32))
     finally:
-        stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS = saved
+        stats_module.CHUNK, stats_module.FOLD_IN_PARTIALS, stats_module.ROTATED_PARTIALS = saved
     bounds = list(zip(cu[:-1].tolist(), cu[1:].tolist())) if varlen else [(0, shape[2])] * shape[0]
     ok = {"shift": True, "row_amax": True, "col_amax": True, "empty_zero": True}
     if varlen:

@@ -48,7 +48,11 @@ SUB_CHUNK = 32
 # (benchmarks/prep_bench.py --sweep checks bit for bit); None leaves the compiler's choice. One stage
 # (no prefetch) takes 174-176 registers instead of 242-252, five programs per SM instead of four: the
 # K+V statistics at 2 x 8k tokens 117 -> 86 us on the H200, same bits (benchmarks/NOTES.md).
-ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1, "maxnreg": None}
+# ``elementwise`` keeps a rotating launch's extremes element-wise where no operand is smoothed;
+# ``elementwise_smoothed`` there too (K's): at 32-token slices it spills (255 registers), at 16 it
+# fits (176) but K's statistics ran slower either way on the H200 (73 -> 87 / 78 us).
+ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1, "maxnreg": None,
+                    "elementwise_smoothed": False}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
@@ -398,8 +402,10 @@ def stats_launch(
     wide = dp > 128
     rotated_launch = ROTATED_PARTIALS_D256 if wide else ROTATED_PARTIALS
     # Element-wise extremes in a rotating launch (one reduction per chunk instead of one per slice)
-    # where no operand is smoothed: a shifted operand's three (SUB, DP) accumulators spill on 2 warps.
-    elementwise = rotated_rows and rotated_launch["elementwise"] and not any(n.smooth for n in needs)
+    # where no operand is smoothed: a shifted operand's three (SUB, DP) accumulators spill on 2 warps
+    # at 32-token slices (the table's ``elementwise_smoothed`` takes them anyway).
+    elementwise = rotated_rows and rotated_launch["elementwise"] and (
+        rotated_launch.get("elementwise_smoothed", False) or not any(n.smooth for n in needs))
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
         stages, maxnreg = rotated_launch.get("stages"), rotated_launch.get("maxnreg")
