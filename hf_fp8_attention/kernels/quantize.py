@@ -74,10 +74,13 @@ QUANT_LAUNCH_D256 = {"row_chunk": 16, "col_group": 16, "num_warps": 2}
 ROTATED_LAUNCH_D256 = {"row_chunk": 32, "col_group": 64, "num_warps": 8}
 # The channel-wise copies with sequence-wide scales (per channel of the sequence, or per head) divide
 # by FMAs (divide_by_scale: the same quotients) instead of div.rn, whose slow-path check and branch
-# take ~180 of the 726 instructions of that loop per 32 elements (offline, sm_90a). Off: not yet
-# timed; with per-tile scales the FMA form was slower, every thread recomputing its columns'
-# reciprocals (benchmarks/NOTES.md, "Quantization"). Read at every launch (benchmarks flip it).
-COL_FMA_DIVISION = False
+# take ~180 of the 726 instructions of that loop per 32 elements (offline, sm_90a). Same codes, and
+# on the H200 the preparation of one fp8_delta fwd+bwd at 2 x 8k tokens 585 -> 576 us; with per-tile
+# scales the FMA form was slower, every thread recomputing its columns' reciprocals
+# (benchmarks/NOTES.md, "Quantization"). Dense batches only: in packed ones the FMA form spills
+# under the launch's 128-register cap (280-792 B, offline), div.rn does not. Read at every launch
+# (benchmarks flip it).
+COL_FMA_DIVISION = True
 
 
 def quant_launch(rotated: bool, dp: int) -> dict:
@@ -774,7 +777,7 @@ def plan_quantize(
     meta = dict(BLOCK_S=block, BLOCK_D=dp, ROW_CHUNK=row_chunk, COL_GROUP=col_group, POW2=pow2, IS_VARLEN=varlen,
                 CVT=cvt_mode(), **_copies_meta(copies[0], "X"),
                 **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"), DOT_DTYPE=dot_dtype(x),
-                ROW_STAGES=launch.get("row_stages"), TILES=tiles, COL_FMA=COL_FMA_DIVISION,
+                ROW_STAGES=launch.get("row_stages"), TILES=tiles, COL_FMA=COL_FMA_DIVISION and not varlen,
                 num_warps=launch["num_warps"], maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS)
     packing = (cu, tile_off) if varlen else (dummy, dummy)
     return QuantizeLaunch(tuple(operand_args), tuple(stat_args), h, packing, (heads, seq, d, s_pad, n_slots), meta,
