@@ -279,13 +279,14 @@ def divide_by_scale(x, scale, INTERPRET: tl.constexpr):
 
 @triton.jit
 def to_fp8(x, scale, FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr,
-           SUB_MIN: tl.constexpr, CVT: tl.constexpr, ROW_SCALES: tl.constexpr = False):
+           SUB_MIN: tl.constexpr, CVT: tl.constexpr, FMA_DIVISION: tl.constexpr = False):
     """fp8 codes of fp32 ``x / scale`` (IEEE division), clamped to ±FMAX with NaN kept.
 
-    ROW_SCALES (``scale`` (R, 1)): the division by :func:`divide_by_scale`. Its per-block work is
-    repeated by every thread holding a piece of the block, which costs little for row scales but
-    made the channel-wise copy slower than ``div_rn`` (benchmarks/NOTES.md)."""
-    if ROW_SCALES:
+    FMA_DIVISION: the division by :func:`divide_by_scale` (``scale`` (R, 1) row scales, or (1, C)
+    sequence-wide channel scales). Its per-scale work is repeated by every thread holding a piece of
+    the block, which costs little for those but made the channel-wise copy with per-tile scales
+    slower than ``div_rn`` (benchmarks/NOTES.md)."""
+    if FMA_DIVISION:
         y = divide_by_scale(x, scale, CVT == 1)
     else:
         y = tl.math.div_rn(x, scale)
