@@ -212,7 +212,7 @@ def launch_label(rec: dict) -> str:
         rot = " rotated" if c["X_ROTATE"] or c["Y_ROTATE"] else ""
         return f"quantize{rot} rows{c['ROW_CHUNK']}/cols{c['COL_GROUP']}"
     if name == "_partials_kernel":
-        return f"stats partials sub{c['SUB']}"
+        return f"stats partials sub{c['SUB']}{' transposed' if c.get('TRANSPOSED') else ''}"
     if name == "_finish_kernel":
         return "stats finish"
     return name
@@ -379,9 +379,16 @@ def main(argv=None) -> None:
                              "(e.g. maxnreg=128,row_stages=3)")
     parser.add_argument("--stats-launch", default="", metavar="KEY=VALUE,...",
                         help="offline: entries of sequence_stats.ROTATED_PARTIALS to compile with (e.g. stages=1)")
+    parser.add_argument("--switch", default="", metavar="module.NAME=0|1,...",
+                        help="booleans of the kernel modules to compile with (e.g. sequence_stats.TRANSPOSED_ROTATION=1)")
     args = parser.parse_args(argv)
     if args.offline:  # before any kernel module is imported: they are decorated compiled, not interpreted
         os.environ.pop("TRITON_INTERPRET", None)
+    if args.switch:
+        from switch_ab import fixed
+
+        for (module, attr), value in fixed(args.switch).items():
+            setattr(module, attr, value)
     if args.quant_launch or args.stats_launch:
         apply_launch_tables(parser, args.quant_launch, args.stats_launch)
     if args.offline:

@@ -61,6 +61,7 @@ class ModuleSwitch:
 
 ONE_READ = ModuleSwitch(orp)
 QUANTIZE_SWITCHES = ModuleSwitch(qz)
+STATS_SWITCHES = ModuleSwitch(ss)
 # (table, key, values): each entry is swept alone, the others at their current values.
 SWEEP = [
     # The channel-wise copies with sequence-wide scales: division by FMAs instead of div.rn.
@@ -87,9 +88,16 @@ SWEEP = [
     # The slice loop's pipelining: the compiler's default (3) holds 242-252 registers and 50 KB of shared
     # memory, 4 programs per SM; 1 holds 174-176 and 42 KB, 5 (results/cpu_stats_partials_registers.txt)
     (ss.ROTATED_PARTIALS, "stages", (None, 1, 2)),
+    # The rotation as Hᵀxᵀ: channels on the dot's M axis, reductions over tokens inside a warp (wgmma
+    # from 4 warps on); the shift then sums rotated rows, so its bits change.
+    (STATS_SWITCHES, "TRANSPOSED_ROTATION", (False, True)),
+    (ss.TRANSPOSED_PARTIALS, "num_warps", (4, 8)),
+    (ss.TRANSPOSED_PARTIALS, "sub", (16, 32, 64)),
+    (ss.TRANSPOSED_PARTIALS, "stages", (None, 1, 2)),
 ]
 TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(ONE_READ): "one_read_prep",
-               id(QUANTIZE_SWITCHES): "quantize",
+               id(QUANTIZE_SWITCHES): "quantize", id(STATS_SWITCHES): "sequence_stats",
+               id(ss.TRANSPOSED_PARTIALS): "sequence_stats.TRANSPOSED_PARTIALS",
                id(orp.ONE_READ_LAUNCH): "one_read_prep.ONE_READ_LAUNCH",
                id(ss.ROTATED_PARTIALS): "sequence_stats.ROTATED_PARTIALS"}
 

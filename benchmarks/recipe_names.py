@@ -62,12 +62,13 @@ def recipe_config(name: str, *, skip: tuple[str, ...] = ()) -> FP8AttentionConfi
 
 def set_table_entries(table: dict, spec: str, table_name: str) -> None:
     """Set entries of a launch table (e.g. ``quantize.ROTATED_LAUNCH``) from ``KEY=VALUE,...``:
-    integers, or ``None``. A ValueError names a key the table does not have."""
+    integers, ``True`` / ``False`` or ``None``. A ValueError names a key the table does not have."""
+    named = {"None": None, "True": True, "False": False}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
         if key not in table:
             raise ValueError(f"{key!r} is not an entry of {table_name} ({', '.join(table)})")
-        table[key] = None if value == "None" else int(value)
+        table[key] = named[value] if value in named else int(value)
 
 
 def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: str = "--quant-launch") -> None:

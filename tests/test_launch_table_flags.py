@@ -1,7 +1,7 @@
 """The benchmarks' launch-table flags (``bench_attention.py --quant-launch`` and ``--stats-launch``,
 ``prep_bench.py --set`` and ``--stats-launch``, ``kernel_resources.py --quant-launch`` and
-``--stats-launch``) all go through ``recipe_names.set_table_entries``: values parse as integers or
-None, an unknown key is refused by name."""
+``--stats-launch``) all go through ``recipe_names.set_table_entries``: values parse as integers,
+booleans or None, an unknown key is refused by name."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +20,14 @@ def test_set_table_entries_parses_ints_and_none():
     assert table == {"num_warps": 8, "maxnreg": None, "row_stages": 2}
     set_table_entries(table, "", "T")
     assert table == {"num_warps": 8, "maxnreg": None, "row_stages": 2}
+
+
+def test_set_table_entries_parses_booleans():
+    table = {"num_warps": 2, "transposed": False}
+    set_table_entries(table, "transposed=True,num_warps=4", "T")
+    assert table == {"num_warps": 4, "transposed": True}
+    set_table_entries(table, "transposed=False", "T")
+    assert table["transposed"] is False
 
 
 def test_set_table_entries_refuses_unknown_key():

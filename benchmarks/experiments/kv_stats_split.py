@@ -1,8 +1,10 @@
 """GPU time of the forward's K/V statistics launch, the pair as the forward runs it against K and V
 each alone, under variants of ``sequence_stats.ROTATED_PARTIALS``: which operand the launch waits on,
 and whether two launches (K on the rotating table, V on the plain 4-warp one) would beat one.
+Each variant's statistics against the default's: row and channel amax bit for bit, the shift's
+largest difference relative to its largest entry (the transposed rotation sums rotated rows).
 
-    python benchmarks/experiments/kv_stats_split.py
+    python benchmarks/experiments/kv_stats_split.py [--only LABEL,LABEL]
 
 Shape: (2, 16, 8192, 128) bf16, Gaussian; statistics as ``fp8_delta`` and ``fp8_delta_fast`` ask them
 (K: rotated, smoothed extremes, mean and channel amax; V: amax and channel amax), with the backward's
@@ -23,29 +25,55 @@ from recipe_names import recipe_config  # noqa: E402
 
 # (label, ROTATED_PARTIALS entries over the default)
 VARIANTS = (("default", {}), ("sub16", {"sub": 16}), ("sub16+ew", {"sub": 16, "elementwise_smoothed": True}),
-            ("ew", {"elementwise_smoothed": True}), ("4 warps sub64", {"sub": 64, "num_warps": 4}))
+            ("ew", {"elementwise_smoothed": True}), ("4 warps sub64", {"sub": 64, "num_warps": 4}),
+            # The rotation as Hᵀxᵀ (TRANSPOSED_ROTATION; these entries over TRANSPOSED_PARTIALS').
+            ("T 4w s32", {"transposed": True}),
+            ("T 4w s32 st2", {"transposed": True, "stages": 2}),
+            ("T 4w s32 r128", {"transposed": True, "maxnreg": 128}),
+            ("T 4w s64", {"transposed": True, "sub": 64}),
+            ("T 8w s64", {"transposed": True, "num_warps": 8, "sub": 64}),
+            ("T 8w s64 st2", {"transposed": True, "num_warps": 8, "sub": 64, "stages": 2}),
+            ("T 4w s16", {"transposed": True, "sub": 16}))
+
+
+def _against(got, ref) -> str:
+    """How a variant's statistics differ from the default's (see the module docstring)."""
+    same = all(torch.equal(g.row_amax, r.row_amax) and torch.equal(g.col_amax, r.col_amax) for g, r in zip(got, ref))
+    shift = max(float((g.shift - r.shift).abs().max() / r.shift.abs().max().clamp_min(1e-30))
+                for g, r in zip(got, ref))
+    return f"amax {'same' if same else 'DIFFER'}, shift {shift:.1e}"
 
 
 def main():
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} · torch {torch.__version__} · shape (2, 16, 8192, 128) bf16")
-    base = dict(ss.ROTATED_PARTIALS)
+    base, base_t = dict(ss.ROTATED_PARTIALS), dict(ss.TRANSPOSED_PARTIALS)
     for recipe in ("fp8_delta", "fp8_delta_fast"):
         cfg = recipe_config(recipe)
         k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         kc, vc = copies_for("k", cfg, row=True, col=False), copies_for("v", cfg, row=False, col=True)
         nk, nv = operand_needs((kc, vc), backward_kv_copies(cfg))
         print(recipe, "K needs", nk, "V needs", nv)
+        ref = ss.sequence_stats((k, v), (nk, nv))
         try:
             for label, entries in VARIANTS:
-                ss.ROTATED_PARTIALS = {**base, **entries}
+                if only and label not in only and label != "default":
+                    continue
+                entries = dict(entries)
+                ss.TRANSPOSED_ROTATION = entries.pop("transposed", False)
+                if ss.TRANSPOSED_ROTATION:
+                    ss.TRANSPOSED_PARTIALS = {**base_t, **entries}
+                else:
+                    ss.ROTATED_PARTIALS = {**base, **entries}
+                diff = _against(ss.sequence_stats((k, v), (nk, nv)), ref)
                 t_pair = _time_us(lambda: ss.sequence_stats((k, v), (nk, nv)), rep=50)
                 t_k = _time_us(lambda: ss.sequence_stats((k,), (nk,)), rep=50)
                 t_v = _time_us(lambda: ss.sequence_stats((v,), (nv,)), rep=50)
-                print(f"  {recipe:15s} {label:14s} pair {t_pair:6.1f} us  K alone {t_k:6.1f}  V alone {t_v:6.1f}",
-                      flush=True)
+                print(f"  {recipe:15s} {label:14s} pair {t_pair:6.1f} us  K alone {t_k:6.1f}  V alone {t_v:6.1f}"
+                      f"  ({diff})", flush=True)
         finally:
-            ss.ROTATED_PARTIALS = base
+            ss.ROTATED_PARTIALS, ss.TRANSPOSED_PARTIALS, ss.TRANSPOSED_ROTATION = base, base_t, False
 
 
 if __name__ == "__main__":

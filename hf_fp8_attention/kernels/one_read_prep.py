@@ -55,7 +55,7 @@ def _one_read_kernel(
     x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
     qcu_ptr, tile_off_ptr, S_PAD, NT,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     SX_ROTATE: tl.constexpr, SX_EXT: tl.constexpr, SX_SUM: tl.constexpr, SX_AMAX: tl.constexpr,
     SY_ROTATE: tl.constexpr, SY_EXT: tl.constexpr, SY_SUM: tl.constexpr, SY_AMAX: tl.constexpr,
     SX_MEAN_ROTATE: tl.constexpr, SY_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
@@ -79,7 +79,7 @@ def _one_read_kernel(
     length = chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr,
                             chunk_off_ptr, chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr,
                             N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE, STAGES,
-                            SX_ROTATE, SX_EXT, SX_SUM, SX_AMAX, SY_ROTATE, SY_EXT, SY_SUM, SY_AMAX, True,
+                            TRANSPOSED, SX_ROTATE, SX_EXT, SX_SUM, SX_AMAX, SY_ROTATE, SY_EXT, SY_SUM, SY_AMAX, True,
                             SX_MEAN_ROTATE, SY_MEAN_ROTATE, MEAN_COLS, True)
     if chunk * CHUNK < length:
         wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK)

@@ -317,18 +317,24 @@ def cast_meta(fmt: FP8Format, prefix: str) -> dict:
 
 
 @triton.jit
-def load_hadamard(h_ptr, BLOCK_D: tl.constexpr):
-    """The ±1 Hadamard matrix ``(BLOCK_D, BLOCK_D)`` at ``h_ptr``, in the dtype it is stored in (that
-    of the rotation's dot, :func:`dot_dtype`). Load it once per program, outside any loop: reloaded
-    per 32-row chunk as fp32 (64 KB each time) it made the rotated quantization 5.7x slower than the
-    plain one (benchmarks/NOTES.md, "Recipe v2")."""
+def load_hadamard(h_ptr, BLOCK_D: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """The ±1 Hadamard matrix ``(BLOCK_D, BLOCK_D)`` at ``h_ptr`` (TRANSPOSED: its transpose), in the
+    dtype it is stored in (that of the rotation's dot, :func:`dot_dtype`). Load it once per program,
+    outside any loop: reloaded per 32-row chunk as fp32 (64 KB each time) it made the rotated
+    quantization 5.7x slower than the plain one (benchmarks/NOTES.md, "Recipe v2")."""
     offs = tl.arange(0, BLOCK_D)
-    return tl.load(h_ptr + offs[:, None] * BLOCK_D + offs[None, :])
+    if TRANSPOSED:
+        ptrs = h_ptr + offs[None, :] * BLOCK_D + offs[:, None]
+    else:
+        ptrs = h_ptr + offs[:, None] * BLOCK_D + offs[None, :]
+    return tl.load(ptrs)
 
 
 @triton.jit
-def rotate_rows(x, h, DOT_DTYPE: tl.constexpr, SRC_DTYPE: tl.constexpr):
+def rotate_rows(x, h, DOT_DTYPE: tl.constexpr, SRC_DTYPE: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """``x (R, BLOCK_D)`` fp32 times the ±1 Hadamard matrix ``h`` (from :func:`load_hadamard`), in fp32.
+    TRANSPOSED (``h`` loaded transposed): the transpose of that product, ``(BLOCK_D, R)``, as Hᵀxᵀ,
+    which puts the channels on the dot's M axis (the statistics reduce over tokens, its N axis).
 
     The products are exact. DOT_DTYPE (:func:`dot_dtype`) is the inputs' own 16-bit type, which
     holds them exactly, or fp32 (a full-precision dot: fp32 inputs up to head dim 128, and the
@@ -336,17 +342,28 @@ def rotate_rows(x, h, DOT_DTYPE: tl.constexpr, SRC_DTYPE: tl.constexpr):
     a block's shared memory, are split into three 16-bit parts, x = x₁ + x₂ + x₃ exactly (8
     significand bits each), and rotated by three 16-bit dots."""
     if DOT_DTYPE == tl.float32:
-        y = tl.dot(x, h, input_precision="ieee", out_dtype=tl.float32)
+        y = _hadamard_dot(x, h, None, TRANSPOSED, "ieee")
     elif SRC_DTYPE == tl.float32:
         x1 = x.to(DOT_DTYPE)
         r = x - x1.to(tl.float32)
         x2 = r.to(DOT_DTYPE)
         x3 = (r - x2.to(tl.float32)).to(DOT_DTYPE)
-        y = tl.dot(x1, h, out_dtype=tl.float32)
-        y = tl.dot(x2, h, y, out_dtype=tl.float32)
-        y = tl.dot(x3, h, y, out_dtype=tl.float32)
+        y = _hadamard_dot(x1, h, None, TRANSPOSED, "tf32")
+        y = _hadamard_dot(x2, h, y, TRANSPOSED, "tf32")
+        y = _hadamard_dot(x3, h, y, TRANSPOSED, "tf32")
     else:
-        y = tl.dot(x.to(DOT_DTYPE), h, out_dtype=tl.float32)
+        y = _hadamard_dot(x.to(DOT_DTYPE), h, None, TRANSPOSED, "tf32")
+    return y
+
+
+@triton.jit
+def _hadamard_dot(x, h, acc, TRANSPOSED: tl.constexpr, PRECISION: tl.constexpr):
+    """``x @ h`` (TRANSPOSED: ``h @ xᵀ``) in fp32, plus ``acc`` (None: nothing). PRECISION is the
+    dot's input precision ("ieee" for fp32 inputs; 16-bit inputs are exact either way)."""
+    if TRANSPOSED:
+        y = tl.dot(h, tl.trans(x), acc, input_precision=PRECISION, out_dtype=tl.float32)
+    else:
+        y = tl.dot(x, h, acc, input_precision=PRECISION, out_dtype=tl.float32)
     return y
 
 

@@ -53,6 +53,12 @@ SUB_CHUNK = 32
 # fits (176) but K's statistics ran slower either way on the H200 (73 -> 87 / 78 us).
 ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1, "maxnreg": None,
                     "elementwise_smoothed": False}
+# The rotating launch's form up to head dim 128: the dot as Hᵀxᵀ (channels on its M axis, a wgmma
+# from 4 warps on) with its own table, TRANSPOSED_PARTIALS; off: xH on ROTATED_PARTIALS. Transposed,
+# the reductions over tokens stay inside a warp and the sum is of the rotated rows, so the shift
+# rounds differently (same value to ~1e-7 of its largest entry) and the codes may differ.
+TRANSPOSED_ROTATION = False
+TRANSPOSED_PARTIALS = {"sub": 32, "num_warps": 4, "stages": 1, "maxnreg": None}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
@@ -76,7 +82,8 @@ FOLD_IN_PARTIALS = True
 def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
                    EXT: tl.constexpr, SHIFTED: tl.constexpr, SUM: tl.constexpr, AMAX: tl.constexpr,
-                   DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr):
+                   DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
+                   TRANSPOSED: tl.constexpr):
     """One chunk of one operand's (sequence, head) into ``out`` (4, BLOCK_D): ``hi``, ``lo``, the
     amax (AMAX) and the sum (SUM) of the raw rows. EXT (the row amax is wanted) of y = xH (ROTATE)
     or x: SHIFTED (a shift will be subtracted), hi / lo = max / min of y; else hi = max |y| and
@@ -85,10 +92,19 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
     Without rotation the loop keeps element-wise (SUB, BLOCK_D) accumulators and reduces over
     tokens once at the end: a reduction across warps per 32-token slice made the launch 4x slower
     than the quantization kernel's read of the same tensor (benchmarks/NOTES.md, "Recipe v2").
-    With rotation each slice's dot output sits in the MMA layout and is reduced at once."""
+    With rotation each slice's dot output sits in the MMA layout and is reduced at once.
+    TRANSPOSED (with ROTATE): each slice rotated as Hᵀxᵀ, channels along the dot's M axis, so the
+    reductions over tokens stay inside a warp; the sum is then of the rotated rows (the fold takes
+    its mean as the shift as it is) and the raw amax element-wise, reduced once after the loop."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    if ROTATE and not ELEMENTWISE:
+    if ROTATE and TRANSPOSED:
+        hm = load_hadamard(h_ptr, BLOCK_D, True)
+        hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
+        lo = tl.full([BLOCK_D], float("inf"), tl.float32)
+        amax = tl.zeros([SUB, BLOCK_D], tl.float32)
+        total = tl.zeros([BLOCK_D], tl.float32)
+    elif ROTATE and not ELEMENTWISE:
         hm = load_hadamard(h_ptr, BLOCK_D)
         hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
         lo = tl.full([BLOCK_D], float("inf"), tl.float32)
@@ -110,7 +126,18 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
         s_ok = offs_s < length
         ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
         x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        if ROTATE and ELEMENTWISE:
+        if ROTATE and TRANSPOSED:
+            if AMAX:
+                amax = max_nan(amax, tl.abs(x))
+            yt = rotate_rows(x, hm, DOT_DTYPE, x_base.dtype.element_ty, True)  # (BLOCK_D, SUB)
+            if SUM:  # rows past the sequence are zeros
+                total += tl.sum(yt, 1)
+            if EXT and SHIFTED:
+                hi = max_nan(hi, reduce_max_nan(tl.where(s_ok[None, :], yt, float("-inf")), 1))
+                lo = min_nan(lo, reduce_min_nan(tl.where(s_ok[None, :], yt, float("inf")), 1))
+            elif EXT:
+                hi = max_nan(hi, abs_max(yt, 1))
+        elif ROTATE and ELEMENTWISE:
             if AMAX:
                 amax = max_nan(amax, tl.abs(x))
             if SUM:
@@ -142,7 +169,9 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
             if EXT and SHIFTED:  # hi and lo of y
                 hi = max_nan(hi, tl.where(s_ok[:, None], x, float("-inf")))
                 lo = min_nan(lo, tl.where(s_ok[:, None], x, float("inf")))
-    if ROTATE and ELEMENTWISE:
+    if ROTATE and TRANSPOSED:
+        amax = reduce_max_nan(amax, 0)
+    elif ROTATE and ELEMENTWISE:
         amax = reduce_max_nan(amax, 0)
         hi = reduce_max_nan(hi, 0)
         if EXT and SHIFTED:
@@ -170,7 +199,7 @@ def _partials_kernel(
     cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
     count_ptr, x_out_ptr, y_out_ptr, N_SH,  # FOLD: counters (2, N_SH) int32 zeros; outputs as in _finish_kernel
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
     FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
@@ -180,8 +209,8 @@ def _partials_kernel(
     chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
                    tl.program_id(0), tl.program_id(1), tl.program_id(2), H, S, D, N_BH, N_SLOTS,
                    count_ptr, x_out_ptr, y_out_ptr, N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE,
-                   STAGES, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM, Y_AMAX, FOLD, X_MEAN_ROTATE,
-                   Y_MEAN_ROTATE, MEAN_COLS, False)
+                   STAGES, TRANSPOSED, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM, Y_AMAX, FOLD,
+                   X_MEAN_ROTATE, Y_MEAN_ROTATE, MEAN_COLS, False)
 
 
 @triton.jit
@@ -189,7 +218,7 @@ def chunk_partials(
     x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
     chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr, N_SH,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
     FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
@@ -209,10 +238,12 @@ def chunk_partials(
         out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + row * H + h) * 4 * BLOCK_D
         if op == 0:
             _partials_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
-                           BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
+                           BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
+                           TRANSPOSED)
         else:
             _partials_tile(y_ptr + row * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
-                           BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES)
+                           BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
+                           TRANSPOSED)
         if FOLD:
             # Every thread's partial stored before one thread counts the chunk done; the counter's
             # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
@@ -400,12 +431,15 @@ def stats_launch(
         flags.update({f"{prefix}_ROTATE": n.rotate and ext, f"{prefix}_EXT": ext, f"{prefix}_SUM": n.smooth,
                       f"{prefix}_AMAX": n.col_amax})
     wide = dp > 128
-    rotated_launch = ROTATED_PARTIALS_D256 if wide else ROTATED_PARTIALS
+    transposed = rotated_rows and TRANSPOSED_ROTATION and not wide
+    rotated_launch = TRANSPOSED_PARTIALS if transposed else ROTATED_PARTIALS_D256 if wide else ROTATED_PARTIALS
     # Element-wise extremes in a rotating launch (one reduction per chunk instead of one per slice)
     # where no operand is smoothed: a shifted operand's three (SUB, DP) accumulators spill on 2 warps
     # at 32-token slices (the table's ``elementwise_smoothed`` takes them anyway).
-    elementwise = rotated_rows and rotated_launch["elementwise"] and (
+    elementwise = rotated_rows and rotated_launch.get("elementwise", False) and (
         rotated_launch.get("elementwise_smoothed", False) or not any(n.smooth for n in needs))
+    # Rotated partials as Hᵀxᵀ sum the rotated rows: the fold then takes their mean as the shift as it is.
+    mean_rotate = [n.rotate and not (transposed and flags[f"{p}_ROTATE"]) for p, n in (("X", needs[0]), ("Y", ny))]
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
         stages, maxnreg = rotated_launch.get("stages"), rotated_launch.get("maxnreg")
@@ -413,7 +447,8 @@ def stats_launch(
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
         stages = maxnreg = None
     meta = dict(CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise,
-                STAGES=stages, **flags, X_MEAN_ROTATE=needs[0].rotate, Y_MEAN_ROTATE=ny.rotate, MEAN_COLS=MEAN_COLS,
+                STAGES=stages, TRANSPOSED=transposed, **flags, X_MEAN_ROTATE=mean_rotate[0],
+                Y_MEAN_ROTATE=mean_rotate[1], MEAN_COLS=MEAN_COLS,
                 num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS)
     args = (x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots)
     # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
@@ -446,8 +481,8 @@ def sequence_stats(
         heads = x.shape[1]
         launch_kernel(
             _finish_kernel, (st.grid[1] // heads, heads, len(xs)), *st.finish_args,
-            CHUNK=CHUNK, BLOCK_D=st.meta["BLOCK_D"], IS_VARLEN=st.meta["IS_VARLEN"], X_ROTATE=needs[0].rotate,
-            X_SMOOTH=needs[0].smooth, Y_ROTATE=ny.rotate, Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
+            CHUNK=CHUNK, BLOCK_D=st.meta["BLOCK_D"], IS_VARLEN=st.meta["IS_VARLEN"], X_ROTATE=st.meta["X_MEAN_ROTATE"],
+            X_SMOOTH=needs[0].smooth, Y_ROTATE=st.meta["Y_MEAN_ROTATE"], Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
             num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
         )
     return st.results
