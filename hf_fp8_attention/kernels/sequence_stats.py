@@ -14,7 +14,8 @@ with :data:`FOLD_IN_PARTIALS` off) gives, per (sequence, head), what :class:`Sta
   monotonic in fp32, so this equals the amax of the values the quantization kernel forms).
 
 :func:`_partials_kernel` reduces chunks of ``CHUNK`` tokens to four vectors (max and min of the
-rotated rows, amax and sum of the raw rows); each program then counts its chunk done on an atomic
+rotated rows, amax and sum of the raw rows; with :data:`TRANSPOSED_ROTATION` the sum of the rotated
+rows, whose mean is then the shift as it stands); each program then counts its chunk done on an atomic
 counter per (sequence, head, operand), and the program that counts last folds all of the sequence's
 chunks in order (:func:`_fold_sequence`). With :data:`FOLD_IN_PARTIALS` off a second launch,
 :func:`_finish_kernel`, folds instead. Two operands of one shape share the launches (grid axis 2),

@@ -93,6 +93,17 @@ def test_kernels_match_emulation(recipe, shape):
         assert err <= bounds[name], (name, err, bounds[name])
 
 
+@pytest.mark.parametrize("recipe, shape", [(r, s) for r in ("fp8_delta", "fp8_delta_fast", "fp8_stale")
+                                           for s in ("causal_gqa_d128", "packed_d64", "window_d96")])
+def test_transposed_rotation_matches_emulation(recipe, shape, monkeypatch):
+    # The rotating statistics launch as Hᵀxᵀ (sequence_stats.TRANSPOSED_ROTATION): its shift rounds
+    # differently from the xH form's, so codes may flip at ties; the emulation's bounds still hold.
+    from hf_fp8_attention.kernels import sequence_stats
+
+    monkeypatch.setattr(sequence_stats, "TRANSPOSED_ROTATION", True)
+    test_kernels_match_emulation(recipe, shape)
+
+
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_delta_fast+dq_in_stats"])
 def test_packed_sequences_keep_their_own_scales(recipe, d):

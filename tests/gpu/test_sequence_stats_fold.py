@@ -14,6 +14,10 @@ Per shape (dense and packed, empty sequences included, long sequences of many ch
   |extreme − shift|) within that bound plus two roundings of the result;
 - repeated calls give the same bits (a missed partial, read before its program stored it, would
   change them from call to call).
+
+The rotating launch as Hᵀxᵀ (``TRANSPOSED_ROTATION``) against the xH form, on the same shapes: the
+column amax bit for bit; the shift, which it takes as the mean of rotated rows instead of the
+rotated mean, within the recursive-summation bounds of both orders.
 """
 import pytest
 import torch
@@ -37,8 +41,9 @@ NEEDS = (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True),  # K
 REPEATS = 20
 
 
-def _stats(xs, cu, fold: bool, monkeypatch):
+def _stats(xs, cu, fold: bool, monkeypatch, transposed: bool = False):
     monkeypatch.setattr(sequence_stats_module, "FOLD_IN_PARTIALS", fold)
+    monkeypatch.setattr(sequence_stats_module, "TRANSPOSED_ROTATION", transposed)
     out = sequence_stats(xs, NEEDS, cu_seqlens=cu)
     torch.cuda.synchronize()
     return [tuple(t.clone() for t in st) for st in out]
@@ -52,15 +57,29 @@ def _channel_mean(x, cu):
     return torch.stack([x[0, :, lo:hi].double().sum(1) / max(hi - lo, 1) for lo, hi in zip(bounds, bounds[1:])])
 
 
-@pytest.mark.parametrize("name", sorted(SHAPES))
-def test_folded_statistics_equal_the_finishing_launch(name, monkeypatch):
+def _operands(name):
+    """(K, V) bf16 of shape ``name`` and its cu_seqlens (None: dense)."""
     b, h, s, d, cu = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(5)
     # A channel mean far from zero (what K-smoothing removes) and outliers in a few channels.
     k = (torch.randn(b, h, s, d, device="cuda", generator=gen) * torch.logspace(-1, 1, d, device="cuda") + 2)
     v = torch.randn(b, h, s, d, device="cuda", generator=gen) * 3
-    xs = (k.bfloat16(), v.bfloat16())
-    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
+    return (k.bfloat16(), v.bfloat16()), None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+
+def _per_sequence(x, cu, reduce):
+    """``reduce`` of each (sequence, head)'s tokens ``(S_i, H, D)`` float64 → ``(n_seq, H)`` (0: empty)."""
+    x = x.double()
+    if cu is None:
+        return torch.stack([reduce(x[i].transpose(0, 1)) for i in range(x.shape[0])])
+    bounds = cu.tolist()
+    return torch.stack([reduce(x[0, :, lo:hi].transpose(0, 1)) if hi > lo else x.new_zeros(x.shape[1])
+                        for lo, hi in zip(bounds, bounds[1:])])
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_folded_statistics_equal_the_finishing_launch(name, monkeypatch):
+    xs, cu = _operands(name)
     want = _stats(xs, cu, False, monkeypatch)
     got = _stats(xs, cu, True, monkeypatch)
     dp = want[0][0].shape[-1]
@@ -77,3 +96,36 @@ def test_folded_statistics_equal_the_finishing_launch(name, monkeypatch):
         again = _stats(xs, cu, True, monkeypatch)
         for g, a in zip(got, again):
             assert all(torch.equal(x, y) for x, y in zip(g, a)), "the folded statistics changed between calls"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_transposed_rotation_matches_the_row_form(name, monkeypatch):
+    xs, cu = _operands(name)
+    want = _stats(xs, cu, True, monkeypatch)
+    got = _stats(xs, cu, True, monkeypatch, transposed=True)
+    dp = want[0][0].shape[-1]
+    chunk = sequence_stats_module.CHUNK
+    u = 2.0**-24
+    lengths = (torch.diff(cu) if cu is not None else torch.full((xs[0].shape[0],), xs[0].shape[2])).double().cpu()
+    for op, (w, g) in enumerate(zip(want, got)):
+        assert torch.equal(g[2], w[2]), f"operand {op}: column amax differs"
+        # Per (sequence, head): A, the mean over tokens of Σ_j |x_tj|, bounds every rotated row's
+        # entries and the rotated mean's on average; M, their largest, bounds each rotated entry.
+        row_l1 = xs[op].double().abs().sum(-1)  # (B, H, S)
+        a = _per_sequence(row_l1[..., None], cu, lambda t: t.sum((0, 2))).cpu() / lengths.clamp_min(1)[:, None]
+        m = _per_sequence(row_l1[..., None], cu, lambda t: t.amax((0, 2))).cpu()
+        # Each form sums its tokens in chunks of CHUNK then folds the chunks, and its d channels once
+        # (the rotation): (CHUNK + chunks + DP) u A apiece, twice for the two forms, plus the
+        # division's rounding.
+        chunks = torch.ceil(lengths / chunk)[:, None]
+        shift_bound = (2 * (chunk + chunks + dp) * u * a).float().cuda()
+        shift_diff = (g[0] - w[0]).abs()
+        assert (shift_diff <= shift_bound[..., None] + 2 * u * w[0].abs()).all(), f"operand {op}: shift"
+        # The row amax: the shifts' largest difference, plus each form's rotated extremes within
+        # (DP - 1) u M of the exact ones, plus two roundings of the result.
+        row_bound = shift_diff.amax(-1) + 2 * (dp - 1) * u * m.float().cuda() + 2 * u * w[1].abs()
+        assert ((g[1] - w[1]).abs() <= row_bound).all(), f"operand {op}: row amax"
+    for _ in range(REPEATS // 4):
+        again = _stats(xs, cu, True, monkeypatch, transposed=True)
+        for g, a in zip(got, again):
+            assert all(torch.equal(x, y) for x, y in zip(g, a)), "the transposed statistics changed between calls"
