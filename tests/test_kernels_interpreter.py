@@ -235,7 +235,7 @@ QUANT_CASES = {
 
 
 # The statistics kernel's checks: name -> (varlen, head dim, fold in the partials launch[, element-wise
-# extremes for the smoothed operand]).
+# extremes for the smoothed operand[, the rotation as Hᵀxᵀ]]).
 STATS_CASES = {"dense_d64": (False, 64, False), "varlen_d96": (True, 96, False),
                "dense_d64_fold": (False, 64, True), "varlen_d96_fold": (True, 96, True),
                "varlen_d96_fold_elementwise_smoothed": (True, 96, True, True),

@@ -1,5 +1,6 @@
 """GPU time of the forward's K/V statistics launch, the pair as the forward runs it against K and V
-each alone, under variants of ``sequence_stats.ROTATED_PARTIALS``: which operand the launch waits on,
+each alone, under variants of ``sequence_stats.ROTATED_PARTIALS`` (and, labelled ``T``, of the
+transposed form, ``TRANSPOSED_ROTATION`` on ``TRANSPOSED_PARTIALS``): which operand the launch waits on,
 and whether two launches (K on the rotating table, V on the plain 4-warp one) would beat one.
 Each variant's statistics against the default's: row and channel amax bit for bit, the shift's
 largest difference relative to its largest entry (the transposed rotation sums rotated rows).
