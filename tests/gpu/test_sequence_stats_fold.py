@@ -49,12 +49,20 @@ def _stats(xs, cu, fold: bool, monkeypatch, transposed: bool = False):
     return [tuple(t.clone() for t in st) for st in out]
 
 
+def _per_sequence(x, cu, reduce):
+    """``reduce`` over the tokens of each (sequence, head) of ``x (B, H, S, D)`` in float64, as
+    ``(n_seq, H, D)`` (zeros for an empty sequence); ``reduce`` maps ``(H, S_i, D)`` to ``(H, D)``."""
+    x = x.double()
+    if cu is None:
+        return torch.stack([reduce(x[i]) for i in range(x.shape[0])])
+    bounds = cu.tolist()
+    return torch.stack([reduce(x[0, :, lo:hi]) if hi > lo else x.new_zeros(x.shape[1], x.shape[3])
+                        for lo, hi in zip(bounds, bounds[1:])])
+
+
 def _channel_mean(x, cu):
     """Each (sequence, head)'s channel mean ``(n_seq, H, D)`` in float64 (zeros for an empty one)."""
-    if cu is None:
-        return x.double().mean(2)
-    bounds = cu.tolist()
-    return torch.stack([x[0, :, lo:hi].double().sum(1) / max(hi - lo, 1) for lo, hi in zip(bounds, bounds[1:])])
+    return _per_sequence(x, cu, lambda t: t.mean(1))
 
 
 def _operands(name):
@@ -65,16 +73,6 @@ def _operands(name):
     k = (torch.randn(b, h, s, d, device="cuda", generator=gen) * torch.logspace(-1, 1, d, device="cuda") + 2)
     v = torch.randn(b, h, s, d, device="cuda", generator=gen) * 3
     return (k.bfloat16(), v.bfloat16()), None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
-
-
-def _per_sequence(x, cu, reduce):
-    """``reduce`` of each (sequence, head)'s tokens ``(S_i, H, D)`` float64 → ``(n_seq, H)`` (0: empty)."""
-    x = x.double()
-    if cu is None:
-        return torch.stack([reduce(x[i].transpose(0, 1)) for i in range(x.shape[0])])
-    bounds = cu.tolist()
-    return torch.stack([reduce(x[0, :, lo:hi].transpose(0, 1)) if hi > lo else x.new_zeros(x.shape[1])
-                        for lo, hi in zip(bounds, bounds[1:])])
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -111,9 +109,9 @@ def test_transposed_rotation_matches_the_row_form(name, monkeypatch):
         assert torch.equal(g[2], w[2]), f"operand {op}: column amax differs"
         # Per (sequence, head): A, the mean over tokens of Σ_j |x_tj|, bounds every rotated row's
         # entries and the rotated mean's on average; M, their largest, bounds each rotated entry.
-        row_l1 = xs[op].double().abs().sum(-1)  # (B, H, S)
-        a = _per_sequence(row_l1[..., None], cu, lambda t: t.sum((0, 2))).cpu() / lengths.clamp_min(1)[:, None]
-        m = _per_sequence(row_l1[..., None], cu, lambda t: t.amax((0, 2))).cpu()
+        row_l1 = xs[op].double().abs().sum(-1, keepdim=True)  # (B, H, S, 1)
+        a = _per_sequence(row_l1, cu, lambda t: t.mean(1))[..., 0].cpu()
+        m = _per_sequence(row_l1, cu, lambda t: t.amax(1))[..., 0].cpu()
         # Each form sums its tokens in chunks of CHUNK then folds the chunks, and its d channels once
         # (the rotation): (CHUNK + chunks + DP) u A apiece, twice for the two forms, plus the
         # division's rounding.
