@@ -19,7 +19,7 @@ timeout 150 python benchmarks/experiments/kv_stats_split.py \
   > "$OUT/${P}_kv_stats_transposed.log" 2>&1
 grep -v Warn "$OUT/${P}_kv_stats_transposed.log"
 gpu_pytest "$OUT/${P}_pytest_stats_transposed.log" "${TEST_S:-240}" tests/gpu/test_sequence_stats_fold.py \
-  tests/gpu/test_recipes_kernel.py -k "transposed or folded"
+  tests/gpu/test_recipes_kernel.py -k "transposed or row_form or folded"
 timeout 90 python benchmarks/prep_bench.py --recipe fp8_delta --seq 8192 --batch 2 --sweep \
   --keys TRANSPOSED_ROTATION > "$OUT/${P}_prep_transposed_fp8_delta.log" 2>&1
 grep -E "^\||fastest|DIFFER|identical" "$OUT/${P}_prep_transposed_fp8_delta.log" | head -14

@@ -57,9 +57,12 @@ ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1,
 # The rotating launch's form up to head dim 128: the dot as Hᵀxᵀ (channels on its M axis, a wgmma
 # from 4 warps on) with its own table, TRANSPOSED_PARTIALS; off: xH on ROTATED_PARTIALS. Transposed,
 # the reductions over tokens stay inside a warp and the sum is of the rotated rows, so the shift
-# rounds differently (same value to ~1e-7 of its largest entry) and the codes may differ.
-TRANSPOSED_ROTATION = False
-TRANSPOSED_PARTIALS = {"sub": 32, "num_warps": 4, "stages": 1, "maxnreg": None}
+# rounds differently (same value to ~1e-7 of its largest entry) and the codes may differ. On the H100
+# K's statistics at 2 x 8k tokens took 72.9 us as xH, 46.7 transposed on 2 stages (54.8 on one:
+# 2 stages fit 128 registers, 4 programs per SM), the forward's K/V statistics 89.8 -> 70.6 us
+# (benchmarks/NOTES.md, "Quantization").
+TRANSPOSED_ROTATION = True
+TRANSPOSED_PARTIALS = {"sub": 32, "num_warps": 4, "stages": 2, "maxnreg": None}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as

@@ -95,12 +95,13 @@ def test_kernels_match_emulation(recipe, shape):
 
 @pytest.mark.parametrize("recipe, shape", [(r, s) for r in ("fp8_delta", "fp8_delta_fast", "fp8_stale")
                                            for s in ("causal_gqa_d128", "packed_d64", "window_d96")])
-def test_transposed_rotation_matches_emulation(recipe, shape, monkeypatch):
-    # The rotating statistics launch as Hᵀxᵀ (sequence_stats.TRANSPOSED_ROTATION): its shift rounds
-    # differently from the xH form's, so codes may flip at ties; the emulation's bounds still hold.
+def test_row_form_rotation_matches_emulation(recipe, shape, monkeypatch):
+    # The rotating statistics launch as xH (sequence_stats.TRANSPOSED_ROTATION off; the default is
+    # Hᵀxᵀ): its shift rounds differently from the transposed form's, so codes may flip at ties; the
+    # emulation's bounds hold for both.
     from hf_fp8_attention.kernels import sequence_stats
 
-    monkeypatch.setattr(sequence_stats, "TRANSPOSED_ROTATION", True)
+    monkeypatch.setattr(sequence_stats, "TRANSPOSED_ROTATION", False)
     test_kernels_match_emulation(recipe, shape)
 
 
