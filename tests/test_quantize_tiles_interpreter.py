@@ -59,6 +59,8 @@ def test_tiles_per_program_change_no_bit(recipe, packed, monkeypatch):
     cu = torch.tensor([0, 9, 9, 33], dtype=torch.int32) if packed else None
     max_len = 24 if packed else None
     stats = []
+    for table in ("ROTATED_LAUNCH", "QUANT_LAUNCH"):
+        monkeypatch.setattr(quantize, table, {**getattr(quantize, table), "tiles": None})
     want = _all_copies(tensors, config, cu, max_len, stats)
     for table in ("ROTATED_LAUNCH", "QUANT_LAUNCH"):
         monkeypatch.setattr(quantize, table, {**getattr(quantize, table), "tiles": 2})

@@ -37,7 +37,7 @@ from ..config import FP8Format
 from ..transforms import hadamard_matrix
 from .constants import TL_FP8
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, next_pow2, sequence_block_offsets
+from .tiles import block_of_sequence, cdiv, next_pow2, sequence_block_offsets, sm_count
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
@@ -62,8 +62,12 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None}
 # tiles per program (None: 1), each program's row-wise loop running over all of its tiles, so that
 # its slices pipeline across tiles and a rotated copy loads its Hadamard matrix once per program
 # instead of once per tile; the same codes and scales, at most 128 registers and no spills at 2-8
-# tiles (offline, sm_90a). Not yet timed.
-ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": None}
+# tiles (offline, sm_90a). Two tiles took fp8_delta's four preparation steps at 2 x 8k tokens from
+# 573.7 to 552.6 us on the H100, the same bits (4 and 8 slowed the backward's Q/dO step: fewer
+# programs than SMs with work); a launch takes them only where every SM still gets
+# TILES_MIN_PROGRAMS_PER_SM programs (small calls keep one tile a program: all SMs busy).
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": 2}
+TILES_MIN_PROGRAMS_PER_SM = 8
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
 # took 255 registers on 2 warps). The rotated launch keeps its Hadamard matrix in shared memory,
@@ -765,15 +769,16 @@ def plan_quantize(
     outs = [_alloc_copies(t, c, dp, s_pad, n_slots, varlen) for t, c in zip(xs, copies)]
     rotated = any(c.row and c.rotate for c in copies)
     launch = launch or quant_launch(rotated, dp)
-    tiles = launch.get("tiles") or 1
     if varlen:
         n_seq = cu_seqlens.numel() - 1
         max_len = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        grid = (cdiv(cdiv(max(max_len, 1), block), tiles), n_seq * heads, len(xs))
+        n_tiles, rows = cdiv(max(max_len, 1), block), n_seq * heads
         cu = cu_seqlens.to(torch.int32)
     else:
-        grid = (cdiv(cdiv(max(seq, 1), block), tiles), bsz * heads, len(xs))
+        n_tiles, rows = cdiv(max(seq, 1), block), bsz * heads
         cu = None
+    tiles = tiles_per_program(launch.get("tiles") or 1, n_tiles, rows * len(xs), x.device)
+    grid = (cdiv(n_tiles, tiles), rows, len(xs))
     row_chunk = min(row_chunk or launch["row_chunk"], block)
     col_group = min(col_group or launch["col_group"], dp)
     for name, value in (("row_chunk", row_chunk), ("col_group", col_group)):
@@ -800,6 +805,16 @@ def plan_quantize(
     packing = (cu, tile_off) if varlen else (dummy, dummy)
     return QuantizeLaunch(tuple(operand_args), tuple(stat_args), h, packing, (heads, seq, d, s_pad, n_slots), meta,
                           grid, [(*out, tile_off) for out in outs])
+
+
+def tiles_per_program(tiles: int, n_tiles: int, rows: int, device: torch.device) -> int:
+    """The launch table's ``tiles`` where a grid of ``rows`` x ``n_tiles`` tiles still gives every
+    multiprocessor of ``device`` :data:`TILES_MIN_PROGRAMS_PER_SM` programs with them, else 1
+    (the same codes either way; off CUDA, the table's value)."""
+    if tiles > 1 and device.type == "cuda":
+        if cdiv(n_tiles, tiles) * rows < TILES_MIN_PROGRAMS_PER_SM * sm_count(device.index):
+            return 1
+    return tiles
 
 
 def quantize_operand(
