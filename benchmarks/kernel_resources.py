@@ -219,17 +219,26 @@ def launch_label(rec: dict) -> str:
 
 
 def full_label(rec: dict) -> str:
-    """:func:`launch_label` plus, for a quantization launch, its copies: the launches of one recipe
-    differ in them (the forward's Q alone, K and V; the backward's Q and dO, K and V)."""
+    """:func:`launch_label` plus, for a quantization or statistics launch, what it computes per
+    operand: the launches of one recipe differ in that (the forward's Q alone, K and V; the
+    backward's Q and dO, K and V)."""
     return f"{launch_label(rec)} {_copies_label(rec)}".strip()
 
 
+# Per operand of a statistics launch: (constexpr suffix, letter): rotated rows, their extremes, the
+# sum (the key mean), the raw amax.
+_STATS_FLAGS = (("_ROTATE", "R"), ("_EXT", "e"), ("_SUM", "s"), ("_AMAX", "a"))
+
+
 def _copies_label(rec: dict) -> str:
-    """A quantization launch's copies per operand (``X:rc Y:r``: X row- and channel-wise, Y row-wise)."""
-    if rec["kernel"] != "quantize_kernel":
-        return ""
+    """A quantization launch's copies per operand (``X:rc Y:r``: X row- and channel-wise, Y row-wise);
+    a statistics launch's statistics per operand (``X:Resa Y:a``, letters in :data:`_STATS_FLAGS`)."""
     c = rec["consts"]
-    return " ".join(f"{op}:{'r' * bool(c.get(op + '_ROW'))}{'c' * bool(c.get(op + '_COL'))}" for op in ("X", "Y"))
+    if rec["kernel"] == "quantize_kernel":
+        return " ".join(f"{op}:{'r' * bool(c.get(op + '_ROW'))}{'c' * bool(c.get(op + '_COL'))}" for op in ("X", "Y"))
+    if rec["kernel"] == "_partials_kernel":
+        return " ".join(f"{op}:" + "".join(ch for key, ch in _STATS_FLAGS if c.get(op + key)) for op in ("X", "Y"))
+    return ""
 
 
 def _offline_inputs(d: int, mask_kind: str, seq: int):

@@ -209,3 +209,19 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
         recipe_names.restore_schedule(state)
     assert values() == before
     assert backward.LAUNCH is launch_table and gluon_hopper.DISPATCH is dispatch_table
+
+
+def test_kernel_resources_labels_statistics_launches_by_operand():
+    """Two statistics launches that compute different things per operand get rows of their own."""
+    import kernel_resources
+
+    flags = {"SUB": 32, "TRANSPOSED": True, "X_ROTATE": True, "X_EXT": True, "X_SUM": True, "X_AMAX": True,
+             "Y_ROTATE": False, "Y_EXT": False, "Y_SUM": False, "Y_AMAX": True}
+    kv = {"kernel": "_partials_kernel", "consts": flags}
+    k_alone = {"kernel": "_partials_kernel", "consts": {**flags, "Y_AMAX": False}}
+    assert kernel_resources.full_label(kv) == "stats partials sub32 transposed X:Resa Y:a"
+    assert kernel_resources.full_label(k_alone) == "stats partials sub32 transposed X:Resa Y:"
+    quant = {"kernel": "quantize_kernel", "consts": {"X_ROTATE": True, "Y_ROTATE": False, "ROW_CHUNK": 64,
+                                                     "COL_GROUP": 64, "X_ROW": True, "X_COL": False, "Y_ROW": False,
+                                                     "Y_COL": True}}
+    assert kernel_resources.full_label(quant) == "quantize rotated rows64/cols64 X:r Y:c"
