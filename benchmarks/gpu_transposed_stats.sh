@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU job for the rotating statistics launch as Hᵀxᵀ (kernels.sequence_stats.TRANSPOSED_ROTATION):
-# the forward's K/V statistics under the TRANSPOSED_PARTIALS variants (time, and bits against the xH
-# form), its GPU tests (against the xH form; the recipes against the emulation with it on), the
-# forward's K/V step with it off / on (prep_bench.py), and the op's forward beside cuDNN with it off /
-# on (switch_ab.py: its bits differ by design). About 8 minutes cold. Logs and results go to $OUT
+# the forward's K/V statistics in the xH form and under the TRANSPOSED_PARTIALS variants (time, and
+# bits against the default), its GPU tests (against the xH form; the recipes against the emulation with
+# it off, its default on), the forward's K/V step with it off / on (prep_bench.py), and the op's
+# forward beside cuDNN with it off / on (switch_ab.py: its bits differ by design). About 8 minutes cold. Logs and results go to $OUT
 # (default /tmp/gpu_transposed_stats_out), named by the GPU (h200_ / h100_) and $TAG (default v51).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ P=${P}_${TAG:-v51}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 timeout 150 python benchmarks/experiments/kv_stats_split.py \
-  --only "T 4w s32,T 4w s32 st2,T 4w s32 r128,T 4w s64,T 8w s64,T 8w s64 st2,T 4w s16" \
+  --only "xH,T 4w s32,T 4w s32 st2,T 4w s32 r128,T 4w s64,T 8w s64,T 8w s64 st2,T 4w s16" \
   > "$OUT/${P}_kv_stats_transposed.log" 2>&1
 grep -v Warn "$OUT/${P}_kv_stats_transposed.log"
 gpu_pytest "$OUT/${P}_pytest_stats_transposed.log" "${TEST_S:-240}" tests/gpu/test_sequence_stats_fold.py \

@@ -298,8 +298,8 @@ def _stats_case(varlen: bool, d: int, fold: bool, elementwise_smoothed: bool = F
             # fp32 summation order. The shift sums 45 rotated rows (transposed) or rotates the mean:
             # both round partial sums as large as the largest rotated mean, so where the channel mean
             # cancels (entries ~1e-2 of the largest) the two orders differ by ~1e-7 of that largest.
-            atol = 1e-6 * float(w.abs().amax()) if name == "shift" else 1e-6
-            ok[name] &= bool(torch.allclose(g, w, rtol=1e-5, atol=max(atol, 1e-6)))
+            atol = max(1e-6 * float(w.abs().amax()), 1e-6) if name == "shift" else 1e-6
+            ok[name] &= bool(torch.allclose(g, w, rtol=1e-5, atol=atol))
     return ok
 
 

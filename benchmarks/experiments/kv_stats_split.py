@@ -1,9 +1,10 @@
 """GPU time of the forward's K/V statistics launch, the pair as the forward runs it against K and V
-each alone, under variants of ``sequence_stats.ROTATED_PARTIALS`` (and, labelled ``T``, of the
-transposed form, ``TRANSPOSED_ROTATION`` on ``TRANSPOSED_PARTIALS``): which operand the launch waits on,
-and whether two launches (K on the rotating table, V on the plain 4-warp one) would beat one.
-Each variant's statistics against the default's: row and channel amax bit for bit, the shift's
-largest difference relative to its largest entry (the transposed rotation sums rotated rows).
+each alone, under variants of the rotating launch: labelled ``xH``, the rotation as xH
+(``TRANSPOSED_ROTATION`` off) on ``sequence_stats.ROTATED_PARTIALS``; labelled ``T``, as Hᵀxᵀ on
+``TRANSPOSED_PARTIALS``: which operand the launch waits on, and whether two launches (K on the
+rotating table, V on the plain 4-warp one) would beat one. Each variant's statistics against the
+default tables': row and channel amax bit for bit, the shift's largest difference relative to its
+largest entry (the two forms sum in other orders).
 
     python benchmarks/experiments/kv_stats_split.py [--only LABEL,LABEL]
 
@@ -24,17 +25,19 @@ from hf_fp8_attention.kernels.operands import backward_kv_copies, copies_for, op
 from quantize_bench import _time_us  # noqa: E402
 from recipe_names import recipe_config  # noqa: E402
 
-# (label, ROTATED_PARTIALS entries over the default)
-VARIANTS = (("default", {}), ("sub16", {"sub": 16}), ("sub16+ew", {"sub": 16, "elementwise_smoothed": True}),
-            ("ew", {"elementwise_smoothed": True}), ("4 warps sub64", {"sub": 64, "num_warps": 4}),
-            # The rotation as Hᵀxᵀ (TRANSPOSED_ROTATION; these entries over TRANSPOSED_PARTIALS').
-            ("T 4w s32", {"transposed": True}),
+# (label, entries over the default tables). "transposed": TRANSPOSED_ROTATION for the variant (absent:
+# the module's), its entries then over TRANSPOSED_PARTIALS; False (the xH form): over ROTATED_PARTIALS.
+VARIANTS = (("default", {}), ("xH", {"transposed": False}), ("xH sub16", {"transposed": False, "sub": 16}),
+            ("xH sub16+ew", {"transposed": False, "sub": 16, "elementwise_smoothed": True}),
+            ("xH ew", {"transposed": False, "elementwise_smoothed": True}),
+            ("xH 4 warps sub64", {"transposed": False, "sub": 64, "num_warps": 4}),
+            ("T 4w s32", {"transposed": True, "stages": 1}),
             ("T 4w s32 st2", {"transposed": True, "stages": 2}),
-            ("T 4w s32 r128", {"transposed": True, "maxnreg": 128}),
-            ("T 4w s64", {"transposed": True, "sub": 64}),
-            ("T 8w s64", {"transposed": True, "num_warps": 8, "sub": 64}),
+            ("T 4w s32 r128", {"transposed": True, "stages": 1, "maxnreg": 128}),
+            ("T 4w s64", {"transposed": True, "stages": 1, "sub": 64}),
+            ("T 8w s64", {"transposed": True, "stages": 1, "num_warps": 8, "sub": 64}),
             ("T 8w s64 st2", {"transposed": True, "num_warps": 8, "sub": 64, "stages": 2}),
-            ("T 4w s16", {"transposed": True, "sub": 16}))
+            ("T 4w s16", {"transposed": True, "stages": 1, "sub": 16}))
 
 
 def _against(got, ref) -> str:
@@ -49,7 +52,7 @@ def main():
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} · torch {torch.__version__} · shape (2, 16, 8192, 128) bf16")
-    base, base_t = dict(ss.ROTATED_PARTIALS), dict(ss.TRANSPOSED_PARTIALS)
+    base, base_t, base_switch = dict(ss.ROTATED_PARTIALS), dict(ss.TRANSPOSED_PARTIALS), ss.TRANSPOSED_ROTATION
     for recipe in ("fp8_delta", "fp8_delta_fast"):
         cfg = recipe_config(recipe)
         k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -62,7 +65,7 @@ def main():
                 if only and label not in only and label != "default":
                     continue
                 entries = dict(entries)
-                ss.TRANSPOSED_ROTATION = entries.pop("transposed", False)
+                ss.TRANSPOSED_ROTATION = entries.pop("transposed", base_switch)
                 if ss.TRANSPOSED_ROTATION:
                     ss.TRANSPOSED_PARTIALS = {**base_t, **entries}
                 else:
@@ -74,7 +77,7 @@ def main():
                 print(f"  {recipe:15s} {label:14s} pair {t_pair:6.1f} us  K alone {t_k:6.1f}  V alone {t_v:6.1f}"
                       f"  ({diff})", flush=True)
         finally:
-            ss.ROTATED_PARTIALS, ss.TRANSPOSED_PARTIALS, ss.TRANSPOSED_ROTATION = base, base_t, False
+            ss.ROTATED_PARTIALS, ss.TRANSPOSED_PARTIALS, ss.TRANSPOSED_ROTATION = base, base_t, base_switch
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def test_transposed_rotation_matches_the_row_form(name, monkeypatch):
         # Per (sequence, head): A, the mean over tokens of Σ_j |x_tj|, bounds every rotated row's
         # entries and the rotated mean's on average; M, their largest, bounds each rotated entry.
         row_l1 = xs[op].double().abs().sum(-1, keepdim=True)  # (B, H, S, 1)
-        a = _per_sequence(row_l1, cu, lambda t: t.mean(1))[..., 0].cpu()
+        a = _channel_mean(row_l1, cu)[..., 0].cpu()
         m = _per_sequence(row_l1, cu, lambda t: t.amax(1))[..., 0].cpu()
         # Each form sums its tokens in chunks of CHUNK then folds the chunks, and its d channels once
         # (the rotation): (CHUNK + chunks + DP) u A apiece, twice for the two forms, plus the
