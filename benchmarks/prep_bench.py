@@ -93,7 +93,12 @@ SWEEP = [
     (STATS_SWITCHES, "TRANSPOSED_ROTATION", (False, True)),
     (ss.TRANSPOSED_PARTIALS, "num_warps", (4, 8)),
     (ss.TRANSPOSED_PARTIALS, "sub", (16, 32, 64)),
-    (ss.TRANSPOSED_PARTIALS, "stages", (None, 1, 2)),
+    (ss.TRANSPOSED_PARTIALS, "stages", (None, 1, 2, 4)),
+    # The partials launch's slices by TMA (the same bits): loads in flight without registers.
+    (STATS_SWITCHES, "TMA_LOADS", (False, True)),
+    (ss.TRANSPOSED_PARTIALS, "tma_stages", (2, 3, 4)),
+    # The fold's loads: one chunk's partials at a time, or several issued together (the same bits).
+    (STATS_SWITCHES, "FOLD_LOADS", (1, 8, 32)),
 ]
 TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(ONE_READ): "one_read_prep",
                id(QUANTIZE_SWITCHES): "quantize", id(STATS_SWITCHES): "sequence_stats",

@@ -1,12 +1,13 @@
 """GPU time of the forward's K/V statistics launch, the pair as the forward runs it against K and V
 each alone, under variants of the rotating launch: labelled ``xH``, the rotation as xH
 (``TRANSPOSED_ROTATION`` off) on ``sequence_stats.ROTATED_PARTIALS``; labelled ``T``, as Hᵀxᵀ on
-``TRANSPOSED_PARTIALS``: which operand the launch waits on, and whether two launches (K on the
+``TRANSPOSED_PARTIALS``; ``fold N`` / ``tma``, the module's ``FOLD_LOADS`` / ``TMA_LOADS``:
+which operand the launch waits on, and whether two launches (K on the
 rotating table, V on the plain 4-warp one) would beat one. Each variant's statistics against the
 default tables': row and channel amax bit for bit, the shift's largest difference relative to its
 largest entry (the two forms sum in other orders).
 
-    python benchmarks/experiments/kv_stats_split.py [--only LABEL,LABEL]
+    python benchmarks/experiments/kv_stats_split.py [--only LABEL,LABEL] [--recipes fp8_delta,...]
 
 Shape: (2, 16, 8192, 128) bf16, Gaussian; statistics as ``fp8_delta`` and ``fp8_delta_fast`` ask them
 (K: rotated, smoothed extremes, mean and channel amax; V: amax and channel amax), with the backward's
@@ -37,7 +38,14 @@ VARIANTS = (("default", {}), ("xH", {"transposed": False}), ("xH sub16", {"trans
             ("T 4w s64", {"transposed": True, "stages": 1, "sub": 64}),
             ("T 8w s64", {"transposed": True, "stages": 1, "num_warps": 8, "sub": 64}),
             ("T 8w s64 st2", {"transposed": True, "num_warps": 8, "sub": 64, "stages": 2}),
-            ("T 4w s16", {"transposed": True, "stages": 1, "sub": 16}))
+            ("T 4w s16", {"transposed": True, "stages": 1, "sub": 16}),
+            ("fold 1", {"FOLD_LOADS": 1}), ("fold 32", {"FOLD_LOADS": 32}),
+            ("T st3", {"stages": 3}), ("T st4", {"stages": 4}),
+            ("tma st2", {"TMA_LOADS": True, "tma_stages": 2}), ("tma st3", {"TMA_LOADS": True, "tma_stages": 3}),
+            ("tma st4", {"TMA_LOADS": True, "tma_stages": 4}),
+            ("tma st3 s64", {"TMA_LOADS": True, "tma_stages": 3, "sub": 64}))
+# Entries in capitals set the module's switch of that name for the variant (restored after).
+SWITCHES = ("FOLD_LOADS", "TMA_LOADS")
 
 
 def _against(got, ref) -> str:
@@ -53,7 +61,10 @@ def main():
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()} · torch {torch.__version__} · shape (2, 16, 8192, 128) bf16")
     base, base_t, base_switch = dict(ss.ROTATED_PARTIALS), dict(ss.TRANSPOSED_PARTIALS), ss.TRANSPOSED_ROTATION
-    for recipe in ("fp8_delta", "fp8_delta_fast"):
+    base_switches = {name: getattr(ss, name) for name in SWITCHES}
+    recipes = (sys.argv[sys.argv.index("--recipes") + 1].split(",") if "--recipes" in sys.argv
+               else ("fp8_delta", "fp8_delta_fast"))
+    for recipe in recipes:
         cfg = recipe_config(recipe)
         k, v = (torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         kc, vc = copies_for("k", cfg, row=True, col=False), copies_for("v", cfg, row=False, col=True)
@@ -65,6 +76,8 @@ def main():
                 if only and label not in only and label != "default":
                     continue
                 entries = dict(entries)
+                for name in SWITCHES:
+                    setattr(ss, name, entries.pop(name, base_switches[name]))
                 ss.TRANSPOSED_ROTATION = entries.pop("transposed", base_switch)
                 if ss.TRANSPOSED_ROTATION:
                     ss.TRANSPOSED_PARTIALS = {**base_t, **entries}
@@ -78,6 +91,8 @@ def main():
                       f"  ({diff})", flush=True)
         finally:
             ss.ROTATED_PARTIALS, ss.TRANSPOSED_PARTIALS, ss.TRANSPOSED_ROTATION = base, base_t, base_switch
+            for name, value in base_switches.items():
+                setattr(ss, name, value)
 
 
 if __name__ == "__main__":

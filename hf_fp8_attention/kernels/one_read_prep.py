@@ -58,7 +58,7 @@ def _one_read_kernel(
     DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     SX_ROTATE: tl.constexpr, SX_EXT: tl.constexpr, SX_SUM: tl.constexpr, SX_AMAX: tl.constexpr,
     SY_ROTATE: tl.constexpr, SY_EXT: tl.constexpr, SY_SUM: tl.constexpr, SY_AMAX: tl.constexpr,
-    SX_MEAN_ROTATE: tl.constexpr, SY_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
+    SX_MEAN_ROTATE: tl.constexpr, SY_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr,
     BLOCK_S: tl.constexpr, ROW_CHUNK: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr, CVT: tl.constexpr,
     X_ROW: tl.constexpr, X_COL: tl.constexpr, X_FMAX: tl.constexpr, X_DTYPE: tl.constexpr,
     X_MANT: tl.constexpr, X_SUB_MAGIC: tl.constexpr, X_SUB_MIN: tl.constexpr,
@@ -80,7 +80,7 @@ def _one_read_kernel(
                             chunk_off_ptr, chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr,
                             N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE, STAGES,
                             TRANSPOSED, SX_ROTATE, SX_EXT, SX_SUM, SX_AMAX, SY_ROTATE, SY_EXT, SY_SUM, SY_AMAX, True,
-                            SX_MEAN_ROTATE, SY_MEAN_ROTATE, MEAN_COLS, True)
+                            SX_MEAN_ROTATE, SY_MEAN_ROTATE, MEAN_COLS, FOLD_LOADS, True)
     if chunk * CHUNK < length:
         wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK)
         quantize_block(

@@ -33,11 +33,16 @@ import triton
 import triton.language as tl
 
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, load_hadamard, max_nan, min_nan,
+    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, interpreting, load_hadamard, max_nan, min_nan,
     padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand, scratch_empty,
 )
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, sequence_block_offsets
+from .tiles import block_of_sequence, cdiv, device_capability, sequence_block_offsets
+
+try:  # host-side TMA descriptors (Triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
 
 # Tokens one partials program reduces, and how many it loads at a time.
 CHUNK = 256
@@ -62,7 +67,9 @@ ROTATED_PARTIALS = {"sub": 32, "num_warps": 2, "elementwise": True, "stages": 1,
 # 2 stages fit 128 registers, 4 programs per SM), the forward's K/V statistics 89.8 -> 70.6 us
 # (benchmarks/NOTES.md, "Quantization").
 TRANSPOSED_ROTATION = True
-TRANSPOSED_PARTIALS = {"sub": 32, "num_warps": 4, "stages": 2, "maxnreg": None}
+# ``tma_stages``: the pipeline's stages where the slices come by TMA (TMA_LOADS), whose slices in
+# flight take shared memory but no registers (absent: ``stages``).
+TRANSPOSED_PARTIALS = {"sub": 32, "num_warps": 4, "stages": 2, "maxnreg": None, "tma_stages": 3}
 PARTIALS_WARPS = 4
 FINISH_WARPS = 4
 # Head dim 256 (the values above serve padded head dims up to 128): slices of half the tokens (as
@@ -80,6 +87,17 @@ MEAN_COLS = 16
 # The fold in the partials launch (module docstring); off: the separate finishing launch. Same GPU
 # time within ±1%, one Triton launch fewer per pair (benchmarks/NOTES.md, "Host time").
 FOLD_IN_PARTIALS = True
+# Chunks whose partials a fold loads at a time (issued together, then added in order: the same sums
+# and bits as one chunk at a time, where each of a sequence's 32 chunks at 8k tokens waited for its
+# loads from L2 before the next was asked for). On the H100 the preparation of one fp8_delta fwd+bwd
+# at 2 x 8k tokens 559.4 -> 555.1 us; all 32 at once 570.8 (benchmarks/NOTES.md, "Quantization").
+FOLD_LOADS = 8
+# The partials launch's slices by TMA (:func:`tma_descriptors`) where the tensors allow it; off: by
+# pointer. The same values either way. As compiled at 2 stages the pointer loop holds one slice
+# buffer: a program has one 8 KB slice in flight and none while it computes; by TMA its stages cost
+# shared memory only (offline, sm_90a: 3 stages at 106 registers and 49 KB, 4 programs per SM).
+# Built, not yet timed on a GPU (benchmarks/experiments/kv_stats_split.py "tma ...").
+TMA_LOADS = False
 
 
 @triton.jit
@@ -87,7 +105,8 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
                    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr,
                    EXT: tl.constexpr, SHIFTED: tl.constexpr, SUM: tl.constexpr, AMAX: tl.constexpr,
                    DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr,
-                   TRANSPOSED: tl.constexpr):
+                   TRANSPOSED: tl.constexpr, x_desc=None, row=0, h=0, TMA: tl.constexpr = False,
+                   IS_VARLEN: tl.constexpr = False):
     """One chunk of one operand's (sequence, head) into ``out`` (4, BLOCK_D): ``hi``, ``lo``, the
     amax (AMAX) and the sum (SUM) of the raw rows. EXT (the row amax is wanted) of y = xH (ROTATE)
     or x: SHIFTED (a shift will be subtracted), hi / lo = max / min of y; else hi = max |y| and
@@ -99,7 +118,12 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
     With rotation each slice's dot output sits in the MMA layout and is reduced at once.
     TRANSPOSED (with ROTATE): each slice rotated as Hᵀxᵀ, channels along the dot's M axis, so the
     reductions over tokens stay inside a warp; the sum is then of the rotated rows (the fold takes
-    its mean as the shift as it is) and the raw amax element-wise, reduced once after the loop."""
+    its mean as the shift as it is) and the raw amax element-wise, reduced once after the loop.
+
+    TMA: the slices come by the tensor-memory accelerator through ``x_desc`` ((B, H, S, D), blocks
+    of (1, 1, SUB, BLOCK_D), zeros past the tensor's ends) at (batch row ``row``, head ``h``) instead
+    of by pointer loads: the same values (tokens of the next packed sequence are zeroed here), with
+    the pipeline's slices in flight in shared memory instead of registers."""
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     if ROTATE and TRANSPOSED:
@@ -128,8 +152,13 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
     for c in tl.range(0, CHUNK, SUB, num_stages=STAGES):  # None: the plain loop
         offs_s = chunk * CHUNK + c + tl.arange(0, SUB)
         s_ok = offs_s < length
-        ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
-        x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        if TMA:
+            x = x_desc.load([row, h, start + chunk * CHUNK + c, 0]).reshape(SUB, BLOCK_D).to(tl.float32)
+            if IS_VARLEN:
+                x = tl.where(s_ok[:, None], x, 0.0)
+        else:
+            ptrs = x_base + (start + offs_s)[:, None].to(tl.int64) * sxs + offs_d[None, :] * sxd
+            x = tl.load(ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         if ROTATE and TRANSPOSED:
             if AMAX:
                 amax = max_nan(amax, tl.abs(x))
@@ -207,6 +236,7 @@ def _partials_kernel(
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
     FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
+    FOLD_LOADS: tl.constexpr, x_desc=None, y_desc=None, TMA: tl.constexpr = False,
 ):
     """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y): see
     :func:`chunk_partials`."""
@@ -214,7 +244,7 @@ def _partials_kernel(
                    tl.program_id(0), tl.program_id(1), tl.program_id(2), H, S, D, N_BH, N_SLOTS,
                    count_ptr, x_out_ptr, y_out_ptr, N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE,
                    STAGES, TRANSPOSED, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM, Y_AMAX, FOLD,
-                   X_MEAN_ROTATE, Y_MEAN_ROTATE, MEAN_COLS, False)
+                   X_MEAN_ROTATE, Y_MEAN_ROTATE, MEAN_COLS, FOLD_LOADS, False, x_desc, y_desc, TMA)
 
 
 @triton.jit
@@ -226,14 +256,15 @@ def chunk_partials(
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
     FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
-    PUBLISH: tl.constexpr,
+    FOLD_LOADS: tl.constexpr, PUBLISH: tl.constexpr, x_desc=None, y_desc=None, TMA: tl.constexpr = False,
 ):
     # (SUM is also "a shift will be subtracted": the shift is the mean, see _finish_write.)
     """The partials of chunk ``chunk`` of (sequence·head ``bh``, operand ``op``: X or Y). FOLD: the
     program that completes a sequence's chunks also folds them (module docstring); the MEAN flags
     are :func:`_finish_kernel`'s ROTATE and its COLS. PUBLISH (with FOLD): after its fold that
     program counts once more, so the counter reads ``cdiv(length, CHUNK) + 1`` once the
-    statistics are written (:func:`wait_for_statistics`). Returns the sequence's length."""
+    statistics are written (:func:`wait_for_statistics`). TMA: the slices through ``x_desc`` /
+    ``y_desc`` (:func:`_partials_tile`). Returns the sequence's length."""
     b = bh // H
     h = bh % H
     start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
@@ -243,11 +274,11 @@ def chunk_partials(
         if op == 0:
             _partials_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
                            BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
-                           TRANSPOSED)
+                           TRANSPOSED, x_desc, bb, h, TMA, IS_VARLEN)
         else:
             _partials_tile(y_ptr + row * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
                            BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
-                           TRANSPOSED)
+                           TRANSPOSED, y_desc, bb, h, TMA, IS_VARLEN)
         if FOLD:
             # Every thread's partial stored before one thread counts the chunk done; the counter's
             # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
@@ -256,14 +287,15 @@ def chunk_partials(
             done = tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="acq_rel", scope="gpu")
             if done == tl.cdiv(length, CHUNK) - 1:
                 _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot - chunk, row, H, N_BH,
-                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
+                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS,
+                               FOLD_LOADS)
                 if PUBLISH:  # every thread's statistics stored, then released
                     tl.debug_barrier()
                     tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="release", scope="gpu")
     elif FOLD:
         if chunk == 0:  # an empty sequence: no chunk to wait for, its statistics are zeros
             _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot, bb, H, N_BH, N_SLOTS,
-                           N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS)
+                           N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS, FOLD_LOADS)
     return length
 
 
@@ -284,7 +316,7 @@ def _finish_kernel(
     cu_ptr, chunk_off_ptr, H, S, N_BH, N_SLOTS, N_SH,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr, Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr,
-    MEAN_COLS: tl.constexpr,
+    MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr,
 ):
     """One program per (sequence, head, operand): fold the sequence's chunks in order and write its
     statistics (module docstring). An empty sequence gets zeros."""
@@ -293,28 +325,35 @@ def _finish_kernel(
     op = tl.program_id(2)
     _, length, slot0, bb = block_of_sequence(seq, 0, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
     _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
-                   CHUNK, BLOCK_D, X_ROTATE, X_SMOOTH, Y_ROTATE, Y_SMOOTH, MEAN_COLS)
+                   CHUNK, BLOCK_D, X_ROTATE, X_SMOOTH, Y_ROTATE, Y_SMOOTH, MEAN_COLS, FOLD_LOADS)
 
 
 @triton.jit
 def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
                    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr,
-                   Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr):
+                   Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr,
+                   FOLD_LOADS: tl.constexpr):
     """Fold the partials of (sequence ``seq``, head ``h``, operand ``op``), chunks in order from
-    slot ``slot0`` of batch row ``bb``, and write its statistics. Loads bypass L1 (``.cg``): in the
-    partials launch other programs wrote them."""
+    slot ``slot0`` of batch row ``bb``, FOLD_LOADS chunks' loads at a time, and write its
+    statistics. Loads bypass L1 (``.cg``): in the partials launch other programs wrote them. A
+    chunk past the sequence adds the reductions' identities: the sum is never −0 (it starts at +0),
+    so adding +0 leaves its bits as they are."""
     bh = bb * H + h
     offs_d = tl.arange(0, BLOCK_D)
     hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
     lo = tl.full([BLOCK_D], float("inf"), tl.float32)
     amax = tl.zeros([BLOCK_D], tl.float32)
     total = tl.zeros([BLOCK_D], tl.float32)
-    for c in range(0, tl.cdiv(length, CHUNK)):
-        base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
-        hi = max_nan(hi, tl.load(base, cache_modifier=".cg"))
-        lo = min_nan(lo, tl.load(base + BLOCK_D, cache_modifier=".cg"))
-        amax = max_nan(amax, tl.load(base + 2 * BLOCK_D, cache_modifier=".cg"))
-        total += tl.load(base + 3 * BLOCK_D, cache_modifier=".cg")
+    n_chunks = tl.cdiv(length, CHUNK)
+    for c0 in range(0, n_chunks, FOLD_LOADS):
+        for i in tl.static_range(FOLD_LOADS):  # chunks past the sequence load the reductions' identities
+            c = c0 + i
+            ok = c * BLOCK_D + offs_d < n_chunks * BLOCK_D  # c < n_chunks as a vector (as the interpreter needs)
+            base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
+            hi = max_nan(hi, tl.load(base, mask=ok, other=float("-inf"), cache_modifier=".cg"))
+            lo = min_nan(lo, tl.load(base + BLOCK_D, mask=ok, other=float("inf"), cache_modifier=".cg"))
+            amax = max_nan(amax, tl.load(base + 2 * BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg"))
+            total += tl.load(base + 3 * BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg")
     sh = (seq * H + h).to(tl.int64)
     if op == 0:
         _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, N_SH, BLOCK_D, X_ROTATE, X_SMOOTH, MEAN_COLS)
@@ -379,7 +418,7 @@ class StatsLaunch(NamedTuple):
     partials kernel's arguments before its counters, ``outs`` those after them; ``meta`` its
     constexprs (FOLD aside) and launch options; ``results`` the views its fold writes; ``grid``
     (chunks per sequence·head row, rows, operands); ``finish_args``, :func:`_finish_kernel`'s
-    arguments before its constexprs."""
+    arguments before its constexprs; ``tma_stages``, the pipeline's stages with TMA loads."""
 
     args: tuple
     outs: tuple
@@ -389,6 +428,7 @@ class StatsLaunch(NamedTuple):
     n_sh: int
     max_len: int
     finish_args: tuple
+    tma_stages: int | None = None
 
 
 def stats_launch(
@@ -447,18 +487,35 @@ def stats_launch(
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
         stages, maxnreg = rotated_launch.get("stages"), rotated_launch.get("maxnreg")
+        tma_stages = rotated_launch.get("tma_stages", stages)
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
-        stages = maxnreg = None
+        stages = maxnreg = tma_stages = None
     meta = dict(CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise,
                 STAGES=stages, TRANSPOSED=transposed, **flags, X_MEAN_ROTATE=mean_rotate[0],
-                Y_MEAN_ROTATE=mean_rotate[1], MEAN_COLS=MEAN_COLS,
+                Y_MEAN_ROTATE=mean_rotate[1], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS,
                 num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS)
     args = (x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots)
     # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
     grid = (max(cdiv(max_len, CHUNK), 1), n_seq * heads, len(xs))
     finish_args = (part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh)
-    return StatsLaunch(args, (outs[0], outs[-1], n_sh), meta, results, grid, n_sh, max_len, finish_args)
+    return StatsLaunch(args, (outs[0], outs[-1], n_sh), meta, results, grid, n_sh, max_len, finish_args,
+                       tma_stages)
+
+
+def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | None:
+    """Per tensor of ``xs`` (``(B, H, S, D)``) a TMA descriptor of (1, 1, ``sub``, ``dp``) blocks for
+    the partials launch, or None where :data:`TMA_LOADS` is off or a tensor does not allow one (not
+    on a CUDA GPU of compute capability 9 or later, no tokens, or strides or address not 16-byte
+    aligned); the launch then loads by pointer, the same values."""
+    if not TMA_LOADS or interpreting() or TensorDescriptor is None:
+        return None
+    for x in xs:
+        if not x.is_cuda or x.numel() == 0 or dp > 256 or x.stride(-1) != 1 or x.data_ptr() % 16:
+            return None
+        if any(st * x.element_size() % 16 for st in x.stride()[:-1]) or device_capability(x.device)[0] < 9:
+            return None
+    return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, sub, dp]) for x in xs)
 
 
 def sequence_stats(
@@ -479,7 +536,11 @@ def sequence_stats(
     x = xs[0]
     if fold or st.max_len > 0:
         counts = torch.zeros(len(xs), st.n_sh, dtype=torch.int32, device=x.device) if fold else x
-        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, **st.meta)
+        descs = tma_descriptors(xs, st.meta["SUB"], st.meta["BLOCK_D"])
+        meta = st.meta if descs is None else {**st.meta, "STAGES": st.tma_stages}
+        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold,
+                      x_desc=descs[0] if descs else None, y_desc=descs[-1] if descs else None, TMA=descs is not None,
+                      **meta)
     if not fold:
         ny = needs[-1] if len(xs) == 2 else StatsNeed()
         heads = x.shape[1]
@@ -487,6 +548,6 @@ def sequence_stats(
             _finish_kernel, (st.grid[1] // heads, heads, len(xs)), *st.finish_args,
             CHUNK=CHUNK, BLOCK_D=st.meta["BLOCK_D"], IS_VARLEN=st.meta["IS_VARLEN"], X_ROTATE=st.meta["X_MEAN_ROTATE"],
             X_SMOOTH=needs[0].smooth, Y_ROTATE=st.meta["Y_MEAN_ROTATE"], Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
-            num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
+            FOLD_LOADS=FOLD_LOADS, num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
         )
     return st.results

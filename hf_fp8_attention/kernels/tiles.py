@@ -172,6 +172,12 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of CUDA ``device`` (cached, as :func:`sm_count`)."""
+    return torch.cuda.get_device_capability(device)
+
+
 # Every layer of a model forward, and its backward, passes the same cu_seqlens tensor: its block
 # offsets are six small device ops (about 40 launches per layer's fwd+bwd uncached).
 _BLOCK_OFFSETS = IdentityCache(maxsize=16)
