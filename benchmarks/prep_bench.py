@@ -94,9 +94,9 @@ SWEEP = [
     (ss.TRANSPOSED_PARTIALS, "num_warps", (4, 8)),
     (ss.TRANSPOSED_PARTIALS, "sub", (16, 32, 64)),
     (ss.TRANSPOSED_PARTIALS, "stages", (None, 1, 2, 4)),
-    # The partials launch's slices by TMA (the same bits): loads in flight without registers.
+    # The partials launch's slices by TMA at TRANSPOSED_PARTIALS["tma_stages"] (the same bits): loads
+    # in flight without registers (experiments/kv_stats_split.py times the depths).
     (STATS_SWITCHES, "TMA_LOADS", (False, True)),
-    (ss.TRANSPOSED_PARTIALS, "tma_stages", (2, 3, 4)),
     # The fold's loads: one chunk's partials at a time, or several issued together (the same bits).
     (STATS_SWITCHES, "FOLD_LOADS", (1, 8, 32)),
 ]
