@@ -98,6 +98,9 @@ FOLD_LOADS = 8
 # shared memory only (offline, sm_90a: 3 stages at 106 registers and 49 KB, 4 programs per SM).
 # Built, not yet timed on a GPU (benchmarks/experiments/kv_stats_split.py "tma ...").
 TMA_LOADS = False
+# The pipeline's stages of a launch that rotates no rows, with TMA loads (by pointer it runs the plain
+# loop, one slice at a time: 54 registers and 2 KB; by TMA at 3 stages two 8 KB buffers).
+PLAIN_TMA_STAGES = 3
 
 
 @triton.jit
@@ -490,7 +493,8 @@ def stats_launch(
         tma_stages = rotated_launch.get("tma_stages", stages)
     else:
         sub, warps = (SUB_CHUNK_D256 if wide else SUB_CHUNK), PARTIALS_WARPS
-        stages = maxnreg = tma_stages = None
+        stages = maxnreg = None
+        tma_stages = PLAIN_TMA_STAGES
     meta = dict(CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise,
                 STAGES=stages, TRANSPOSED=transposed, **flags, X_MEAN_ROTATE=mean_rotate[0],
                 Y_MEAN_ROTATE=mean_rotate[1], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS,

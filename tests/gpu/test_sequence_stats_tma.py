@@ -22,11 +22,13 @@ SHAPES = {
     "bshd_view_d128": (2, 4, 3000, 128, torch.bfloat16, None, True),
     "packed_d128_empty": (1, 4, 5000, 128, torch.bfloat16, [0, 0, 1, 257, 257, 3001, 5000, 5000], False),
 }
-# (K, V) in the v2 recipes' forward (K rotated and smoothed), and (Q, dO) of the fast recipe's
-# backward (per-head scales: Q's rotated, not smoothed).
+# (K, V) in the v2 recipes' forward (K rotated and smoothed); (Q, dO) of the fast recipe's backward
+# (per-head scales: Q's rotated, not smoothed) and of fp8_delta's (channel amax only: a launch that
+# rotates no rows, PLAIN_TMA_STAGES).
 PAIRS = {
     "kv": (StatsNeed(rotate=True, smooth=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True)),
-    "q_do": (StatsNeed(rotate=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True)),
+    "q_do_fast": (StatsNeed(rotate=True, row_amax=True, col_amax=True), StatsNeed(row_amax=True, col_amax=True)),
+    "q_do_delta": (StatsNeed(rotate=True, col_amax=True), StatsNeed(col_amax=True)),
 }
 
 
