@@ -2,7 +2,7 @@
 against pointer loads, on the GPU: the same values reach the same arithmetic, so every statistic
 (shift, row amax, column amax) must be the same bits, on dense and packed shapes (empty sequences,
 sequences ending inside a slice, whose next tokens the TMA block also brings), head dims 64 / 96 /
-128, bf16 and fp32 inputs, the rotating and the plain operand of a pair, and a strided view (K as
+128 / 256, bf16 and fp32 inputs, the rotating and the plain operand of a pair, and a strided view (K as
 a (B, S, H, D) projection transposed). Inputs TMA cannot address (a row stride of 14 bytes, a head
 dim above 256) get no descriptors and load by pointer."""
 import pytest
@@ -19,6 +19,7 @@ SHAPES = {
     "dense_d128_8k": (2, 4, 8192, 128, torch.bfloat16, None, False),
     "dense_d64_ragged": (1, 3, 1000, 64, torch.bfloat16, None, False),
     "dense_d96_fp32": (1, 2, 777, 96, torch.float32, None, False),
+    "dense_d256": (1, 2, 600, 256, torch.bfloat16, None, False),
     "bshd_view_d128": (2, 4, 3000, 128, torch.bfloat16, None, True),
     "packed_d128_empty": (1, 4, 5000, 128, torch.bfloat16, [0, 0, 1, 257, 257, 3001, 5000, 5000], False),
 }
