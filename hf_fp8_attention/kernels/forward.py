@@ -74,7 +74,7 @@ from .constants import LOG2E
 from .exponent import fma_bound
 from .launch import launch as launch_kernel
 from .logit_mods import logit_mods, soft_cap
-from .tiles import cdiv, check_compiled_blocks, key_tile_range, next_pow2, sm_count, visible
+from .tiles import cdiv, check_compiled_blocks, has_tma, key_tile_range, next_pow2, sm_count, visible
 from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
     quantize_operands, scale_from_amax, to_fp8,
@@ -484,14 +484,8 @@ TOKEN_MAJOR_OUT = True
 TMA_ENV = "HF_FP8_ATTENTION_FWD_TMA"
 
 
-@functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
-    """Hopper (sm_90) and newer have the tensor memory accelerator; Ada (sm_89) does not."""
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def _use_tma(device: torch.device) -> bool:
-    return not interpreting() and _has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
+    return not interpreting() and has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
 
 
 def output_buffer(q: torch.Tensor, *, zeros: bool, token_major: bool = True) -> torch.Tensor:

@@ -37,7 +37,7 @@ from .quantize import (
     padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand, scratch_empty,
 )
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, device_capability, sequence_block_offsets
+from .tiles import block_of_sequence, cdiv, has_tma, sequence_block_offsets
 
 try:  # host-side TMA descriptors (Triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -512,12 +512,12 @@ def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | 
     the partials launch, or None where :data:`TMA_LOADS` is off or a tensor does not allow one (not
     on a CUDA GPU of compute capability 9 or later, no tokens, or strides or address not 16-byte
     aligned); the launch then loads by pointer, the same values."""
-    if not TMA_LOADS or interpreting() or TensorDescriptor is None:
+    if not TMA_LOADS or interpreting() or TensorDescriptor is None or dp > 256:
         return None
     for x in xs:
-        if not x.is_cuda or x.numel() == 0 or dp > 256 or x.stride(-1) != 1 or x.data_ptr() % 16:
+        if not x.is_cuda or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16:
             return None
-        if any(st * x.element_size() % 16 for st in x.stride()[:-1]) or device_capability(x.device)[0] < 9:
+        if any(st * x.element_size() % 16 for st in x.stride()[:-1]) or not has_tma(x.device.index):
             return None
     return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, sub, dp]) for x in xs)
 

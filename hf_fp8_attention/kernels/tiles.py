@@ -173,9 +173,10 @@ def sm_count(device_index: int | None) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def device_capability(device: torch.device) -> tuple[int, int]:
-    """The compute capability of CUDA ``device`` (cached, as :func:`sm_count`)."""
-    return torch.cuda.get_device_capability(device)
+def has_tma(device_index: int | None) -> bool:
+    """Hopper (sm_90) and newer have the tensor memory accelerator; Ada (sm_89) does not (cached, as
+    :func:`sm_count`)."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 # Every layer of a model forward, and its backward, passes the same cu_seqlens tensor: its block

@@ -141,9 +141,10 @@ def test_tma_loads_equal_pointer_loads(case, monkeypatch):
     # Interior K/V tiles by TMA (Hopper) or by pointer loads: the same codes reach the same MMAs,
     # so outputs and LSE must agree bit for bit, on every mask kind and head dim. (Packed batches
     # always take pointer loads, see triton_forward; the varlen tests cover them.)
-    from hf_fp8_attention.kernels.forward import TMA_ENV, _has_tma
+    from hf_fp8_attention.kernels.forward import TMA_ENV
+    from hf_fp8_attention.kernels.tiles import has_tma
 
-    if not _has_tma(torch.cuda.current_device()):
+    if not has_tma(torch.cuda.current_device()):
         pytest.skip("this GPU has no TMA (before sm_90): the kernel uses pointer loads only")
     b, hq, hkv, sq, sk, d, causal, window = case
     q, k, v = _inputs(b, hq, hkv, sq, sk, d, torch.bfloat16, seed=sq + d)
