@@ -6,7 +6,10 @@ GPU's time, no host launch cost, which moves whole-op timings by more than these
 ``+``), e.g. ``forward_gluon.QUANTIZE_Q`` (Q's codes made by the Gluon forward or by a quantization
 launch), ``forward_gluon.PERSISTENT`` (the persistent forward), or
 ``backward_dq_gluon.PERSISTENT+backward_stats_gluon.PERSISTENT``; ``--set`` fixes others for both
-arms; ``--op`` times the forward, the backward (from the forward's O and LSE) or both.
+arms; ``--op`` times the forward, the backward (from the forward's O and LSE) or both, the kernels'
+entry points called as they are; ``fwdbwd_saved``: both as autograd runs them (``ops.run_forward`` /
+``run_backward``), what the forward computes for the backward handed over (statistics, and with
+``forward.HAND_OVER_KV_COPIES`` K's and V's copies).
 
     python benchmarks/switch_ab.py --switch forward_gluon.QUANTIZE_Q --seqlens 8192,16384 --tag h100_quantize_q_ab
     python benchmarks/switch_ab.py --switch forward_gluon.PERSISTENT --set forward_gluon.QUANTIZE_Q_NONCAUSAL=1
@@ -30,12 +33,13 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hf_fp8_attention import ops  # noqa: E402
 from hf_fp8_attention.kernels import backward, forward  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
 from quantize_bench import _time_us as _graph_time_us  # noqa: E402  (CUDA-graph median, us)
 from recipe_names import recipe_config  # noqa: E402  (benchmarks/ is on the path as the script's folder)
 
-OPS = ("fwd", "bwd", "fwdbwd")
+OPS = ("fwd", "bwd", "fwdbwd", "fwdbwd_saved")
 
 
 def _time_us(fn, rep: int) -> float:
@@ -81,8 +85,8 @@ def _flipped(flip: list, on: bool, fn):
 
 
 def _op(name: str, q, k, v, do, causal: bool, config):
-    """The FP8 op to time (``fwd``, ``bwd`` from a forward's O and LSE computed once, or ``fwdbwd``):
-    a function returning its outputs."""
+    """The FP8 op to time (``fwd``, ``bwd`` from a forward's O and LSE computed once, ``fwdbwd`` or
+    ``fwdbwd_saved``): a function returning its outputs."""
     kw = dict(scale=q.shape[-1] ** -0.5, mask=MaskSpec(causal=causal), config=config)
     if name == "fwd":
         return lambda: forward.triton_forward(q, k, v, **kw)
@@ -93,7 +97,13 @@ def _op(name: str, q, k, v, do, causal: bool, config):
     def fwdbwd():
         out, lse = forward.triton_forward(q, k, v, **kw)
         return (out, lse) + tuple(backward.triton_backward(q, k, v, out, lse, do, **kw))
-    return fwdbwd
+
+    def fwdbwd_saved():  # as autograd runs them: what the forward computes for the backward handed over
+        saved = {}
+        out, lse = ops.run_forward(q, k, v, kw["scale"], kw["mask"], config, for_backward=saved)
+        return (out, lse) + tuple(ops.run_backward(q, k, v, out, lse, do, kw["scale"], kw["mask"], config,
+                                                   saved=saved))
+    return fwdbwd_saved if name == "fwdbwd_saved" else fwdbwd
 
 
 def _cudnn(name: str, q, k, v, do, causal: bool):
@@ -162,7 +172,7 @@ def main(argv=None) -> int:
                 q, k, v, do = (torch.randn(b, args.heads, s, d, device="cuda", generator=g, dtype=torch.bfloat16)
                                for _ in range(4))
                 flop = 4.0 * b * args.heads * s * s * d * (0.5 if causal else 1.0)
-                flop *= {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[args.op]
+                flop *= {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5, "fwdbwd_saved": 3.5}[args.op]
                 cudnn_us = _cudnn_us(_cudnn(args.op, q, k, v, do, causal), args.rep)
                 if args.op == "bwd":  # its backward alone: fwd+bwd less the forward
                     cudnn_us -= _cudnn_us(_cudnn("fwd", q, k, v, do, causal), args.rep)

@@ -202,7 +202,8 @@ def run_backward(q, k, v, out, lse, dout, scale: float, mask: MaskSpec, config: 
             kernel = _triton_backward_fn()
             if kernel is not None:
                 grads = kernel(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config, softcap=softcap,
-                               sinks=sinks, kv_stats=saved.get("kv_stats"), q_stats=saved.get("q_stats"))
+                               sinks=sinks, kv_stats=saved.get("kv_stats"), q_stats=saved.get("q_stats"),
+                               kv_copies=saved.get("kv_copies"))
         if grads is None:
             grads = reference.emulated_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
                                                 softcap=softcap, sinks=sinks)
@@ -357,7 +358,8 @@ class FP8AttentionFunction:
       op carries its autograd formula (``register_autograd``), so the compiler sees one op node
       and never needs to rebuild the MaskSpec / config objects;
     - in eager mode it runs the same implementations through :class:`_EagerAttention`, without
-      the custom-op dispatch.
+      the custom-op dispatch; with gradients disabled, the forward alone (nothing is made for a
+      backward: inputs that require grad would otherwise still have the forward keep it).
 
     O is saved for the backward only with the stale delta. In eager mode O may be token-major
     (:func:`.kernels.forward.output_buffer`); the custom op's is contiguous, as its fake says.
@@ -370,6 +372,8 @@ class FP8AttentionFunction:
             out, _ = torch.ops.hf_fp8_attention.forward(q, k, v, scale, *_flat_mask(mask), config_key(config),
                                                         softcap, sinks)
             return out
+        if not torch.is_grad_enabled():  # no graph to record: nothing is computed or kept for a backward
+            return run_forward(q, k, v, scale, mask, config, softcap, sinks, token_major_out=True)[0]
         return _EagerAttention.apply(q, k, v, scale, mask, config, softcap, sinks)
 
 

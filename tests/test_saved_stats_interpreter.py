@@ -87,3 +87,95 @@ def test_autograd_hands_the_query_statistics_over(monkeypatch):
     assert [len(xs) for xs in calls] == [2, 1] and calls[1][0] is q  # (K, V), then Q
     out.backward(dout)
     assert len(calls) == 3 and len(calls[2]) == 1 and calls[2][0] is dout
+
+
+def _count_backward_prep(monkeypatch) -> list:
+    """Patches the backward's quantization entry points to record the operands of each call."""
+    from hf_fp8_attention.kernels import backward
+
+    calls = []
+    for name in ("quantize_operands", "stats_then_copies"):
+        fn = getattr(backward, name)
+        monkeypatch.setattr(backward, name, lambda xs, *a, _fn=fn, **kw: calls.append(xs) or _fn(xs, *a, **kw))
+    return calls
+
+
+# The backward's K/V copies made by the forward's launch (forward.HAND_OVER_KV_COPIES): K row-wise and
+# channel-wise, V row-wise, from the same statistics; dense and packed (one sequence empty), GQA.
+@pytest.mark.parametrize("recipe, packed", [("fp8_delta", True), ("fp8_delta_fast", False)])
+def test_handed_over_copies_give_the_same_gradients(recipe, packed, monkeypatch):
+    from hf_fp8_attention.kernels import forward
+
+    config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = make_qkv(1, 2, 1, 40, d=64, dtype=torch.float32, seed=5, outliers=True)
+    mask, scale = _mask(packed), 0.125
+    out0, lse0 = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16)
+    fresh = triton_backward(q, k, v, out0, lse0, dout, scale=scale, mask=mask, config=config)
+    monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
+    kept = {}
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=kept)
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)  # the extra copies change no forward code
+    handed = kept["kv_copies"]
+    assert len(handed) == 1
+    calls = _count_backward_prep(monkeypatch)
+    reused = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
+                             kv_stats=kept["kv_stats"], q_stats=kept.get("q_stats"), kv_copies=handed)
+    assert handed == []  # taken out, so that each copy is freed after its last reader
+    assert [len(xs) for xs in calls] == [2] and calls[0][0] is q  # Q and dO only: no K/V copies made here
+    for name, a, b in zip(("dq", "dk", "dv"), reused, fresh):
+        assert torch.equal(a, b), name
+
+
+def test_no_copies_are_handed_over_to_a_chunked_backward(monkeypatch):
+    """Chunks bound the backward's peak by keeping one chunk's copies live: the forward hands none
+    over where the backward will be chunked, and a backward that chunks drops any it is given."""
+    from hf_fp8_attention.kernels import backward, forward
+
+    monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = make_qkv(2, 2, 1, 40, d=64, dtype=torch.float32, seed=6)
+    mask, scale = MaskSpec(causal=True), 0.125
+    kept = {}
+    triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=kept)
+    assert "kv_copies" in kept  # one pass: handed over
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks", 2)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunk_min_elements", 0)
+    monkeypatch.setitem(backward.LAUNCH, "backward_chunks_below_peak", False)
+    assert not backward.takes_kv_copies(q, k, mask, config)
+    chunked = {}
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=chunked)
+    assert "kv_copies" not in chunked
+    handed = kept["kv_copies"]
+    dropped = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
+                              kv_stats=kept["kv_stats"], kv_copies=handed)
+    assert handed == []
+    own = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
+    for name, a, b in zip(("dq", "dk", "dv"), dropped, own):
+        assert torch.equal(a, b), name
+
+
+def test_autograd_hands_the_copies_over(monkeypatch):
+    """Through autograd (kernels stubbed, as above): with the switch on the backward makes copies of
+    Q and dO only; a forward without gradients makes none for a backward."""
+    import triton.runtime.interpreter as interpreter
+
+    from hf_fp8_attention import ops
+    from hf_fp8_attention.config import Backend
+    from hf_fp8_attention.kernels import forward
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
+    monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
+    monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
+    handed = []
+    hand_over = forward.takes_kv_copies
+    monkeypatch.setattr(forward, "takes_kv_copies", lambda *a: handed.append(hand_over(*a)) or handed[-1])
+    calls = _count_backward_prep(monkeypatch)
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(make_qkv(1, 2, 2, 40, d=64, dtype=torch.float32)))
+    out = fp8_attention(q, k, v, causal=True, config=config)
+    assert handed == [True]
+    out.backward(dout)
+    assert len(calls) == 1 and calls[0][0] is q  # (Q, dO); K and V came from the forward
+    with torch.no_grad():
+        fp8_attention(q, k, v, causal=True, config=config)
+    assert handed == [True]  # no backward ahead: not even asked

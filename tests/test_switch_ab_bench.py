@@ -53,3 +53,21 @@ def test_persistent_backward_bits_needs_a_gpu(capsys):
     before = backward_stats_gluon.PERSISTENT
     assert persistent_backward_bits.main() == 2 and "needs a CUDA GPU" in capsys.readouterr().err
     assert backward_stats_gluon.PERSISTENT is before
+
+
+def test_fwdbwd_saved_is_the_autograd_path():
+    """``--op fwdbwd_saved`` calls ops.run_forward / run_backward with the forward's hand-over (here
+    on the emulation, where nothing is handed over): the same outputs and gradients."""
+    pytest.importorskip("triton")
+    import switch_ab
+    from helpers import make_qkv
+    from hf_fp8_attention import RECIPES, ops
+    from hf_fp8_attention.masking import MaskSpec
+
+    q, k, v, do = make_qkv(1, 2, 1, 48, d=32, dtype=torch.float32, seed=2)
+    config = RECIPES["fp8_delta"].replace(backend="emulation")
+    got = switch_ab._op("fwdbwd_saved", q, k, v, do, True, config)()
+    mask, scale = MaskSpec(causal=True), 32 ** -0.5
+    out, lse = ops.run_forward(q, k, v, scale, mask, config)
+    want = (out, lse) + tuple(ops.run_backward(q, k, v, out, lse, do, scale, mask, config))
+    assert len(got) == 5 and all(torch.equal(a, b) for a, b in zip(got, want))

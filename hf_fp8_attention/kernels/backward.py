@@ -222,13 +222,14 @@ def _check_limits(q, config: FP8AttentionConfig) -> None:
 
 
 def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks, kv_stats=None, q_stats=None,
-            grads=None, sink_entries_only=False):
+            grads=None, sink_entries_only=False, kv_copies=None):
     """``(dq, dk, dv, ds_row_sums, p_abs_dp_row_sums, dsinks)``: dsinks None without sinks; the row
     sums ``(B·Hq, Sq)`` are filled only with ``debug`` (with sinks, the sink's entry included).
     ``kv_stats`` / ``q_stats``: K's and V's / Q's sequence statistics from the forward (see
     :func:`triton_backward`). ``grads``: contiguous ``(dq, dk, dv)`` to write the gradients into
     (zeroed for a varlen batch), instead of allocating them. ``sink_entries_only``: the last item is
-    the sinks' per-row entries ``(B, Hq, Sq)`` instead of their sum dsinks."""
+    the sinks' per-row entries ``(B, Hq, Sq)`` instead of their sum dsinks. ``kv_copies``: see
+    :func:`triton_backward`."""
     check_dq_in_stats(config, softcap, sinks)
     mods = _mods(q, k, scale, mask, config, softcap, sinks)
     lse = stale_lse(lse, q, k, scale, mask, config, softcap, sinks)
@@ -285,7 +286,8 @@ def _launch(q, k, v, out, lse, dout, scale, mask, config, debug, softcap, sinks,
     window = mask.window_arg
     if prequant:
         dq, dk, dv = _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs,
-                                 cu_q, cu_k, n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats)
+                                 cu_q, cu_k, n_seq, max_q, max_k, scale, mask, config, debug, mods, kv_stats, q_stats,
+                                 kv_copies)
         # 2^(σ₂ − LSE'^do)·D' = P_sink·D (dO's row scale cancels)
         sink = _sink_grad(mods, lse2do, delta, dbg_ds, mask, b, sq_total, debug, sink_entries_only)
         return (dq, dk, dv, dbg_ds, dbg_pabs, *sink)
@@ -342,7 +344,8 @@ def _sink_grad(mods: LogitMods, lse2, delta, dbg_ds, mask, b, sq_total, debug, e
 
 
 def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, dbg_ds, dbg_pabs, cu_q, cu_k,
-                n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None, q_stats=None):
+                n_seq, max_q, max_k, scale, mask, config, debug, mods: LogitMods, kv_stats=None, q_stats=None,
+                kv_copies=None):
     """FP8 mode on operands quantized once up front (kernels in backward_fp8.py); returns ``(dq, dk,
     dv)``, each allocated (``q_grad()``, ``kv_grads()``) just before the launch that writes it, so
     that no gradient sits beside an FP8 copy its launch does not read. Where LSE', D' and the dS
@@ -352,7 +355,8 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     ``lse2``, ``lse2do``, ``delta``: (B·Hq, Sq) fp32 buffers for LSE', LSE'^do and D' (see that
     module). ``mods``: the logit modifiers (:mod:`.logit_mods`). ``kv_stats``: K's
     and V's statistics when the forward computed them (else computed here); ``q_stats``: Q's,
-    likewise (then dO's statistics launch reads dO alone)."""
+    likewise (then dO's statistics launch reads dO alone); ``kv_copies``: K's and V's copies when
+    the forward made them (:func:`triton_backward`), taken out of the list here."""
     b, hq, sq_total, d = q.shape
     hkv, sk_total = k.shape[1], k.shape[2]
     bq, bk, pow2 = config.block_q, config.block_k, bool(config.pow2_scales)
@@ -373,7 +377,9 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     else:
         _, qdo = stats_then_copies((q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
     (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = qdo
-    if kv_stats is not None:
+    if kv_copies:  # the forward's launch made them from the same statistics: the same codes
+        kv = kv_copies.pop()
+    elif kv_stats is not None:
         kv = quantize_operands((k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k, stats=kv_stats)
     else:
         _, kv = stats_then_copies((k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k)
@@ -545,7 +551,7 @@ def _mods(q, k, scale, mask, config, softcap, sinks) -> LogitMods:
 
 def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
                     softcap: float | None = None, sinks: torch.Tensor | None = None, kv_stats: tuple | None = None,
-                    q_stats: tuple | None = None):
+                    q_stats: tuple | None = None, kv_copies: list | None = None):
     """FP8 (or hybrid bf16) attention backward with the matched or stale delta, in Triton.
 
     Args:
@@ -563,32 +569,49 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         q_stats: Q's statistics, left under ``for_backward["q_stats"]`` by a forward that computes
             them anyway (recipes with one Q scale per head): the backward's statistics launches then
             read dO alone instead of Q and dO. None: computed here.
+        kv_copies: what the forward left under ``for_backward["kv_copies"]`` where
+            :func:`takes_kv_copies` held (``forward.HAND_OVER_KV_COPIES``): a one-item list of K's
+            and V's copies, which this backward takes out (emptying the list), so that each copy is
+            freed after its last reader as its own would be. It makes no K/V copies of its own then.
     Returns:
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
     """
-    chunks = _chunk_slices(q, k, mask, config)
+    chunks = _chunk_slices(q, k, mask, config, kv_copies_held=bool(kv_copies))
     if len(chunks) > 1:
+        if kv_copies:  # a forward whose takes_kv_copies saw other settings: each chunk makes its own
+            kv_copies.clear()
         return _chunked_backward(q, k, v, out, lse, dout, scale, mask, config, softcap, sinks, kv_stats, q_stats,
                                  chunks)
     dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats,
-                                       q_stats)
+                                       q_stats, kv_copies=kv_copies)
     return (dq, dk, dv) if dsinks is None else (dq, dk, dv, dsinks)
 
 
-def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tuple[slice, slice, slice]]:
+def takes_kv_copies(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> bool:
+    """Whether :func:`triton_backward` on these shapes quantizes K and V once, up front and whole (the
+    FP8 backward on pre-quantized operands, in one chunk), so that copies its forward made
+    (``kv_copies``) can stand in for its own."""
+    return (config.backward is BackwardPrecision.FP8 and bool(LAUNCH["prequant"])
+            and len(_chunk_slices(q, k, mask, config)) == 1)
+
+
+def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig,
+                  kv_copies_held: bool = False) -> list[tuple[slice, slice, slice]]:
     """``[(batch rows, query heads, kv heads), ...]``: the chunks of ``LAUNCH["backward_chunks"]``
     for the FP8 backward on pre-quantized operands with at least
     ``LAUNCH["backward_chunk_min_elements"]`` query elements where one pass would raise the memory
     peak (``LAUNCH["backward_chunks_below_peak"]``; one chunk elsewhere). Chunks split the batch
     rows, or with one row (every varlen batch) the kv heads with their query heads, so that each
-    chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
+    chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous. ``kv_copies_held``: K's
+    and V's copies are allocated already (handed over by the forward), so the peak rule does not
+    count them again."""
     whole = [(slice(None), slice(None), slice(None))]
     n = int(LAUNCH["backward_chunks"])
     if (n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]
             or q.numel() < LAUNCH["backward_chunk_min_elements"]):
         return whole
-    if LAUNCH["backward_chunks_below_peak"] and _one_pass_stays_under_peak(q, k):
+    if LAUNCH["backward_chunks_below_peak"] and _one_pass_stays_under_peak(q, k, kv_copies_held):
         return whole
     b, hq = q.shape[:2]
     hkv = k.shape[1]
@@ -598,7 +621,7 @@ def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tupl
     return [(slice(None), slice(lo * g, hi * g), slice(lo, hi)) for lo, hi in _even_ranges(hkv, n)]
 
 
-def _one_pass_stays_under_peak(q, k) -> bool:
+def _one_pass_stays_under_peak(q, k, kv_copies_held: bool = False) -> bool:
     """Whether one backward pass over ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Sk, D)`` fits under the
     device's peak of allocated memory so far (CUDA tensors only; False elsewhere). Counted, as an
     upper bound: the seven FP8 copies (Q and dO row- and channel-wise, K row- and channel-wise, V
@@ -606,11 +629,12 @@ def _one_pass_stays_under_peak(q, k) -> bool:
     counters, read once as the allocator's nested dict (``torch.cuda.memory_allocated`` and
     ``max_memory_allocated`` each flatten and sort the whole of it in Python): no device sync. An
     allocator without them (a pluggable one raises) counts as False: the chunks then follow the size
-    alone, as before the rule (the same gradients either way)."""
+    alone, as before the rule (the same gradients either way). ``kv_copies_held``: K's and V's
+    copies are counted in the allocated bytes already (handed over by the forward)."""
     if q.device.type != "cuda":
         return False
     nq, nk = q.numel(), k.numel()
-    one_pass = 4 * nq + 3 * nk + q.element_size() * nq + 2 * k.element_size() * nk
+    one_pass = 4 * nq + (0 if kv_copies_held else 3 * nk) + q.element_size() * nq + 2 * k.element_size() * nk
     try:
         counters = torch.cuda.memory_stats_as_nested_dict(q.device)["allocated_bytes"]["all"]
     except (RuntimeError, KeyError):

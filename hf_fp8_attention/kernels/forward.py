@@ -81,11 +81,19 @@ from .quantize import (
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies
 from . import forward_gluon
+from .backward import takes_kv_copies
 from .gluon_hopper import gluon_runs
 
 # The block-free recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
 # it applies, at these head dims; elsewhere _fwd_kernel.
 GLUON_FORWARD = (128, )
+
+# With a backward ahead that takes them (backward.takes_kv_copies), the forward's K/V quantization
+# launch also writes the backward's K channel-wise and V row-wise copies (B4, B2; its K row-wise copy
+# is B1 already), handed over under for_backward["kv_copies"]: K and V are read once for both passes
+# instead of again by the backward's K/V launch (116.5 us and 235 MB at 2 x 8k tokens on the H100;
+# ~64 MB more written here). Off: not yet timed on a GPU (benchmarks/NOTES.md, "Backward").
+HAND_OVER_KV_COPIES = False
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
@@ -524,8 +532,10 @@ def triton_forward(
         softcap, sinks ``(Hq,)`` fp32: the logit modifiers (:mod:`hf_fp8_attention.reference`).
         for_backward: a dict to receive, under ``"kv_stats"``, K's and V's sequence statistics for
             the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
-            computed in the forward's statistics launches instead of two more in the backward; and
-            under ``"q_stats"`` Q's, where the forward computes Q's statistics anyway.
+            computed in the forward's statistics launches instead of two more in the backward;
+            under ``"q_stats"`` Q's, where the forward computes Q's statistics anyway; and with
+            :data:`HAND_OVER_KV_COPIES`, under ``"kv_copies"``, the backward's copies of K and V
+            themselves (its ``kv_copies``).
         token_major_out: O laid out as a token-major q is (:func:`output_buffer`) where the kernel
             that runs is switched to (``TOKEN_MAJOR_OUT`` here, the Gluon one's in forward_gluon).
     Returns:
@@ -542,12 +552,18 @@ def triton_forward(
         max_q, max_k = varlen_max_lengths(mask)
     # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
     # after the statistics launches (one pair for both) their sequence-wide scales and K's mean need.
-    k_copies, v_copies = copies_for("k", config, row=True, col=False), copies_for("v", config, row=False, col=True)
-    kv_stats, ((k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off)) = stats_then_copies(
+    # With the backward's copies as well (HAND_OVER_KV_COPIES): K channel-wise and V row-wise too.
+    hand_over = for_backward is not None and HAND_OVER_KV_COPIES and takes_kv_copies(q, k, mask, config)
+    k_copies = copies_for("k", config, row=True, col=hand_over)
+    v_copies = copies_for("v", config, row=hand_over, col=True)
+    kv_stats, (k_all, v_all) = stats_then_copies(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
         max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config))
+    (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = k_all, v_all
     if for_backward is not None:
         for_backward["kv_stats"] = kv_stats
+        if hand_over:  # a list the backward empties, so that it can free each copy after its last reader
+            for_backward["kv_copies"] = [(k_all, (*v_all[:2], None, None, None))]  # (V's Vᵀ copy: F2 only)
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
                                            "triton_forward")
