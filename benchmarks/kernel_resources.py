@@ -7,7 +7,9 @@ Two modes:
   memory). Pin the forward launch (``HF_FP8_ATTENTION_FWD_CONFIG=64,4,3``) to skip autotuning.
   ``python benchmarks/kernel_resources.py --seq 8192 --heads 16 --dim 128``
 - ``--offline`` (any machine with Triton and its bundled ptxas, no GPU needed): the package's host
-  code runs on CPU tensors, and every launch it makes is compiled for sm_90a instead of run, with
+  code runs on CPU tensors (one fwd+bwd as autograd runs it: the forward's statistics, and with
+  ``--switch forward.HAND_OVER_KV_COPIES=1`` K's and V's copies, handed to the backward), and
+  every launch it makes is compiled for sm_90a instead of run, with
   Triton's own argument specialization (so the compile is the one a GPU launch would get). Every
   candidate of the forward's autotune space is compiled. Registers and spills come from
   ``ptxas -v`` on the PTX (the flags Triton passes), shared memory from Triton's allocation.
@@ -295,8 +297,13 @@ def offline_main(args) -> None:
                         q, k, v, do, mask = _offline_inputs(d, mask_kind, args.seq)
                         config = recipe_config(recipe)
                         scale = d ** -0.5
-                        out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config)
-                        backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+                        # As autograd runs them: what the forward computes for the backward handed over.
+                        saved = {}
+                        out, lse = forward.triton_forward(q, k, v, scale=scale, mask=mask, config=config,
+                                                          for_backward=saved)
+                        backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config,
+                                                 kv_stats=saved.get("kv_stats"), q_stats=saved.get("q_stats"),
+                                                 kv_copies=saved.get("kv_copies"))
                         print(f"compiled d={d} {recipe} {mask_kind}", file=sys.stderr, flush=True)
             rows = comp.records
     finally:
