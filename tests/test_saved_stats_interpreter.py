@@ -1,7 +1,8 @@
 """The backward reuses the sequence statistics its forward computed (``for_backward`` /
-``kv_stats`` for K and V, ``q_stats`` for Q where the forward computes Q's anyway), under the
-Triton interpreter: the same gradients bit for bit as when the backward computes them itself, the
-forward's outputs unchanged, and fewer statistics reads."""
+``kv_stats`` for K and V, ``q_stats`` for Q where the forward computes Q's anyway), and with
+``forward.HAND_OVER_KV_COPIES`` K's and V's copies (``kv_copies``), under the Triton interpreter:
+the same gradients bit for bit as when the backward computes them itself, the forward's outputs
+unchanged, and fewer statistics reads and copies."""
 import pytest
 import torch
 
