@@ -109,14 +109,12 @@ def graph_us(fn, stream: torch.cuda.Stream, rep: int) -> float:
 def grouped_forward(groups, kw, side: SideStreamPrep | None):
     """The forward of each head group ``(q, k, v)`` in turn on the current stream, its preparation on
     ``side``'s stream where given; returns the groups' (O, LSE)."""
-    cur = torch.cuda.current_stream()
-    outs = []
     if side is None:
         return [forward.triton_forward(q, k, v, **kw) for q, k, v in groups]
+    cur = torch.cuda.current_stream()
     side.prep.wait_stream(cur)  # the inputs are written on the current stream
     with side:
-        for q, k, v in groups:
-            outs.append(forward.triton_forward(q, k, v, **kw))
+        outs = [forward.triton_forward(q, k, v, **kw) for q, k, v in groups]
     cur.wait_stream(side.prep)
     return outs
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .quantize import (
     COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, interpreting, load_hadamard, max_nan, min_nan,
@@ -38,11 +39,6 @@ from .quantize import (
 )
 from .launch import launch as launch_kernel
 from .tiles import block_of_sequence, cdiv, has_tma, sequence_block_offsets
-
-try:  # host-side TMA descriptors (Triton >= 3.3)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton: pointer loads only
-    TensorDescriptor = None
 
 # Tokens one partials program reduces, and how many it loads at a time.
 CHUNK = 256
@@ -513,7 +509,7 @@ def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | 
     the partials launch, or None where :data:`TMA_LOADS` is off or a tensor does not allow one (not
     on a CUDA GPU of compute capability 9 or later, no tokens, or strides or address not 16-byte
     aligned); the launch then loads by pointer, the same values."""
-    if not TMA_LOADS or interpreting() or TensorDescriptor is None or dp > 256:
+    if not TMA_LOADS or interpreting() or dp > 256:
         return None
     for x in xs:
         if not x.is_cuda or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16:
