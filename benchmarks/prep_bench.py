@@ -79,6 +79,9 @@ SWEEP = [
     (qz.ROTATED_LAUNCH, "row_stages", (None, 2, 3)),
     # tiles per program: the row-wise loop pipelined across tiles, the Hadamard matrix loaded once a program
     (qz.ROTATED_LAUNCH, "tiles", (None, 2, 4, 8)),
+    # the channel-wise copy's next slice loaded before the current one is cast and stored
+    (qz.ROTATED_LAUNCH, "col_prefetch", (None, True)),
+    (qz.QUANT_LAUNCH, "col_prefetch", (None, True)),
     (ss.ROTATED_PARTIALS, "num_warps", (2, 4, 8)),
     (ss.ROTATED_PARTIALS, "sub", (16, 32, 64)),  # 16: 160-166 registers; K's mean sums other slices
     (ss.ROTATED_PARTIALS, "elementwise", (False, True)),
@@ -100,7 +103,8 @@ SWEEP = [
     # The fold's loads: one chunk's partials at a time, or several issued together (the same bits).
     (STATS_SWITCHES, "FOLD_LOADS", (1, 8, 32)),
 ]
-TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(ONE_READ): "one_read_prep",
+TABLE_NAMES = {id(qz.ROTATED_LAUNCH): "quantize.ROTATED_LAUNCH", id(qz.QUANT_LAUNCH): "quantize.QUANT_LAUNCH",
+               id(ONE_READ): "one_read_prep",
                id(QUANTIZE_SWITCHES): "quantize", id(STATS_SWITCHES): "sequence_stats",
                id(ss.TRANSPOSED_PARTIALS): "sequence_stats.TRANSPOSED_PARTIALS",
                id(orp.ONE_READ_LAUNCH): "one_read_prep.ONE_READ_LAUNCH",

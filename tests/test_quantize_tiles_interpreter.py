@@ -2,7 +2,8 @@
 ``QUANT_LAUNCH["tiles"]``), under the Triton interpreter: every copy the recipes make (rotated,
 smoothed, per token or per head; channel scales per tile, per sequence or per head) comes out with
 the same codes and scales, bit for bit, as with one tile per program, dense and packed (an empty
-sequence, lengths that end inside a tile and inside a program's last tiles)."""
+sequence, lengths that end inside a tile and inside a program's last tiles). The same for the
+channel-wise copy's prefetched slices (the launch tables' ``col_prefetch``)."""
 import pytest
 import torch
 
@@ -77,3 +78,36 @@ def test_tiles_per_program_change_no_bit(recipe, packed, monkeypatch):
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         assert a.dtype == b.dtype and torch.equal(_valid(a), _valid(b)), i
+
+
+@pytest.mark.parametrize("recipe, tiles", [("fp8_delta", 2), ("fp8_delta_fast", 1), ("fp8_delta_tile", 2)])
+def test_prefetched_channel_slices_change_no_bit(recipe, tiles, monkeypatch):
+    """``col_prefetch``: each channel-wise slice loaded before the previous one is stored, over a
+    program's tiles (channel scales per sequence, per head and per tile by the three recipes; 33
+    tokens: the last program's second tile is past the end), gives the plain loop's codes and
+    scales. Packed batches keep the plain loop (the prefetch spills there)."""
+    config = RECIPES[recipe].replace(backend="triton", block_q=BLOCK, block_k=BLOCK)
+    q, k, v, dout = make_qkv(1, 1, 1, 33, d=64, dtype=torch.bfloat16, seed=5, outliers=True)
+    tensors = {"q": q, "k": k, "v": v, "do": dout}
+    stats, flags = [], []
+    launch = quantize.launch_kernel
+
+    def spy(kernel, grid, *args, **kwargs):
+        flags.append(kwargs["COL_PREFETCH"])
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(quantize, "launch_kernel", spy)
+    for prefetch in (None, True):
+        for table in ("ROTATED_LAUNCH", "QUANT_LAUNCH"):
+            monkeypatch.setattr(quantize, table, {**getattr(quantize, table), "tiles": tiles,
+                                                  "col_prefetch": prefetch})
+        got = _all_copies(tensors, config, None, None, stats)
+        if prefetch is None:
+            want = got
+    assert flags and not any(flags[:len(flags) // 2]) and all(flags[len(flags) // 2:])
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype and torch.equal(_valid(a), _valid(b)), i
+    packed = quantize.plan_quantize((v,), (quantize.Copies(row=False, col=True),), block=BLOCK,
+                                    cu_seqlens=torch.tensor([0, 9, 33], dtype=torch.int32), max_seqlen=24)
+    assert packed.meta["COL_PREFETCH"] is False

@@ -47,7 +47,7 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # Launch of the quantization kernel: the slices each program reads at a time (tokens for the
 # row-wise copy, channels for the channel-wise one: see quantize_kernel) and its warps.
 # A module-level table so that benchmarks can try others (benchmarks/quantize_bench.py --sweep).
-QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None}
+QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None, "col_prefetch": None}
 # A launch with a rotated copy: each row chunk is one (chunk, DP) x (DP, DP) tensor-core dot with the
 # Hadamard matrix, loaded once per program. 64-token chunks on 8 warps ran within 4-13% of the plain
 # copy on the H200, and the channel-wise copy beside it (V in the forward) wants 64-channel groups
@@ -66,7 +66,13 @@ QUANT_LAUNCH = {"row_chunk": 32, "col_group": 16, "num_warps": 2, "tiles": None}
 # 573.7 to 552.6 us on the H100, the same bits (4 and 8 slowed the backward's Q/dO step: fewer
 # programs than SMs with work); a launch takes them only where every SM still gets
 # TILES_MIN_PROGRAMS_PER_SM programs (small calls keep one tile a program: all SMs busy).
-ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": 2}
+# ``col_prefetch``: the channel-wise copy loads each (tile, channel group) slice before the previous
+# one is cast and stored (one slice in flight while it computes; the plain loop has none); the same
+# codes and scales. On H100 it took fp8_delta's preparation of one fwd+bwd at 2 x 8k tokens from
+# 541.0 to 530.4 us, each K/V or Q/dO step 3.5-3.8 us faster (benchmarks/NOTES.md, "Quantization").
+# Dense batches only: in packed ones it spills under the 128-register cap (956-2128 B, offline).
+ROTATED_LAUNCH = {"row_chunk": 64, "col_group": 64, "num_warps": 8, "maxnreg": 128, "row_stages": 3, "tiles": 2,
+                  "col_prefetch": True}
 TILES_MIN_PROGRAMS_PER_SM = 8
 # Head dim 256 (the tables above serve padded head dims up to 128). The plain launch reads half the
 # tokens per row chunk, so that each slice holds as many elements per thread as at 128 (32 tokens
@@ -381,6 +387,7 @@ def _quantize_tile(
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr = False,
+    COL_PREFETCH: tl.constexpr = False,
 ):
     """The copies of TILES consecutive (BLOCK_S tokens, head) tiles of one operand (``x_base``: its
     (batch, head)), from tile ``tile`` (slot ``slot``) on; tiles past the sequence's end are skipped.
@@ -431,7 +438,11 @@ def _quantize_tile(
         head_amax = 0.0  # COL_MODE 2: the (sequence, head)'s amax over its channels
         if COL_MODE == 2:
             head_amax = reduce_max_nan(tl.load(col_amax_ptr + sh * BLOCK_D + tl.arange(0, BLOCK_D)), 0)
-        if TILES == 1:  # the caller checked that the tile holds tokens
+        if COL_PREFETCH:
+            _col_copy_prefetched(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh,
+                                 tile, start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX,
+                                 DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, TILES)
+        elif TILES == 1:  # the caller checked that the tile holds tokens
             _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile,
                       start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT,
                       SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
@@ -451,25 +462,73 @@ def _col_copy(
     CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr,
 ):
     """The transposed channel-wise copy of one tile (slot ``slot``) of :func:`_quantize_tile`,
-    COL_GROUP channels at a time. COL_FMA (sequence-wide scales, COL_MODE 1 or 2): the division by
-    FMAs of :func:`divide_by_scale` instead of ``div_rn``, the same quotients (see there)."""
+    COL_GROUP channels at a time, one slice loaded after the previous one is stored."""
+    for g in range(0, BLOCK_D, COL_GROUP):
+        x = _col_load(x_base, sxs, sxd, tile, g, start, length, D, BLOCK_S, COL_GROUP)
+        _col_cast_store(x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, g, start, length,
+                        slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN,
+                        CVT, COL_MODE, COL_FMA)
+
+
+@triton.jit
+def _col_copy_prefetched(
+    x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, start, length, slot,
+    D, S_PAD, NT, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr,
+    FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
+    CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr, TILES: tl.constexpr,
+):
+    """:func:`_col_copy` of TILES consecutive tiles from ``tile`` (slot ``slot``) as one unrolled
+    sequence of (tile, channel group) slices, each slice's load issued before the previous slice is
+    cast and stored: one 16-bit slice in flight while the program computes (the plain loop has none).
+    Tiles past the sequence's end load nothing and store nothing; the same codes and scales."""
+    GROUPS: tl.constexpr = BLOCK_D // COL_GROUP
+    x = _col_load(x_base, sxs, sxd, tile, 0, start, length, D, BLOCK_S, COL_GROUP)
+    for i in tl.static_range(TILES * GROUPS):
+        if i + 1 < TILES * GROUPS:
+            x_next = _col_load(x_base, sxs, sxd, tile + (i + 1) // GROUPS, ((i + 1) % GROUPS) * COL_GROUP, start,
+                               length, D, BLOCK_S, COL_GROUP)
+        _col_cast_store(x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile + i // GROUPS,
+                        (i % GROUPS) * COL_GROUP, start, length, slot + i // GROUPS, D, S_PAD, NT, BLOCK_S, BLOCK_D,
+                        COL_GROUP, POW2, FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
+        if i + 1 < TILES * GROUPS:
+            x = x_next
+
+
+@triton.jit
+def _col_load(x_base, sxs, sxd, tile, g, start, length, D, BLOCK_S: tl.constexpr, COL_GROUP: tl.constexpr):
+    """The (BLOCK_S tokens, COL_GROUP channels from ``g``) slice of tile ``tile``, in the input's dtype:
+    zeros past the sequence's end and the head dim."""
+    tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+    chan = g + tl.arange(0, COL_GROUP)
+    x_ptrs = x_base + (start + tile_s)[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
+    return tl.load(x_ptrs, mask=(tile_s < length)[:, None] & (chan < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _col_cast_store(
+    x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, g, start, length, slot, D, S_PAD, NT,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr,
+    DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
+    COL_MODE: tl.constexpr, COL_FMA: tl.constexpr,
+):
+    """Scales, codes and transposed store of one slice :func:`_col_load` gave (nothing stored where
+    the tile starts past the sequence's end). COL_FMA (sequence-wide scales, COL_MODE 1 or 2): the
+    division by FMAs of :func:`divide_by_scale` instead of ``div_rn``, the same quotients (see there)."""
+    x = x.to(tl.float32)
     tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
     tile_tok = start + tile_s
     tile_ok = tile_s < length
-    for g in range(0, BLOCK_D, COL_GROUP):
-        chan = g + tl.arange(0, COL_GROUP)
-        x_ptrs = x_base + tile_tok[:, None].to(tl.int64) * sxs + chan[None, :] * sxd
-        x = tl.load(x_ptrs, mask=tile_ok[:, None] & (chan < D)[None, :], other=0.0).to(tl.float32)
-        if COL_MODE == 0:
-            c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
-        elif COL_MODE == 1:
-            c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
-        else:
-            c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
-        c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_FMA and COL_MODE != 0)
-        tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale)
-        c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
-        tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
+    chan = g + tl.arange(0, COL_GROUP)
+    if COL_MODE == 0:
+        c_scale = scale_from_amax(abs_max(x, 0), FMAX, POW2)
+    elif COL_MODE == 1:
+        c_scale = scale_from_amax(tl.load(col_amax_ptr + sh * BLOCK_D + chan), FMAX, POW2)
+    else:
+        c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
+    c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_FMA and COL_MODE != 0)
+    tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale, mask=tile * BLOCK_S + 0 * chan < length)
+    c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
+    tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
 
 
 @triton.jit
@@ -493,6 +552,7 @@ def quantize_kernel(
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None, TILES: tl.constexpr = 1, COL_FMA: tl.constexpr = False,
+    COL_PREFETCH: tl.constexpr = False,
 ):
     """One program per (TILES consecutive tiles of BLOCK_S tokens of one sequence, batch·head, operand).
 
@@ -509,7 +569,7 @@ def quantize_kernel(
         BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, POW2, IS_VARLEN, CVT,
         X_ROW, X_COL, X_FMAX, X_DTYPE, X_MANT, X_SUB_MAGIC, X_SUB_MIN, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE,
         Y_ROW, Y_COL, Y_FMAX, Y_DTYPE, Y_MANT, Y_SUB_MAGIC, Y_SUB_MIN, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE,
-        DOT_DTYPE, ROW_STAGES, TILES, COL_FMA,
+        DOT_DTYPE, ROW_STAGES, TILES, COL_FMA, COL_PREFETCH,
     )
 
 
@@ -529,6 +589,7 @@ def quantize_block(
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr,
+    COL_PREFETCH: tl.constexpr = False,
 ):
     """The copies of TILES tiles from tile ``tile`` of (sequence·head ``bh``, operand ``op``: X or
     Y), :func:`quantize_kernel`'s arguments; nothing where the tile starts past the sequence."""
@@ -545,14 +606,14 @@ def quantize_block(
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
                            X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES, COL_FMA)
+                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH)
         else:
             _quantize_tile(y_ptr + row * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
                            y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
                            Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES, COL_FMA)
+                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -801,6 +862,7 @@ def plan_quantize(
                 CVT=cvt_mode(), **_copies_meta(copies[0], "X"),
                 **_copies_meta(copies[1] if len(xs) == 2 else _NO_COPIES, "Y"), DOT_DTYPE=dot_dtype(x),
                 ROW_STAGES=launch.get("row_stages"), TILES=tiles, COL_FMA=COL_FMA_DIVISION and not varlen,
+                COL_PREFETCH=bool(launch.get("col_prefetch")) and not varlen,
                 num_warps=launch["num_warps"], maxnreg=launch.get("maxnreg"), **COMPILE_OPTIONS)
     packing = (cu, tile_off) if varlen else (dummy, dummy)
     return QuantizeLaunch(tuple(operand_args), tuple(stat_args), h, packing, (heads, seq, d, s_pad, n_slots), meta,
