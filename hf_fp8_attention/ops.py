@@ -165,7 +165,7 @@ def _no_autocast(device_type: str):
 
 def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfig,
                 softcap: float | None = None, sinks: torch.Tensor | None = None, for_backward: dict | None = None,
-                token_major_out: bool = False):
+                token_major_out: bool = False, hand_over_copies: bool = True):
     """FP8 attention forward on the backend :func:`select_backend` picks.
 
     ``softcap``, ``sinks (Hq,)`` fp32: the logit modifiers (:mod:`.reference`). Returns
@@ -173,14 +173,16 @@ def run_forward(q, k, v, scale: float, mask: MaskSpec, config: FP8AttentionConfi
     ``token_major_out`` O may instead be laid out as a token-major q is
     (:func:`.kernels.forward.output_buffer`: the caller's transpose to ``(B, Sq, Hq, D)`` then needs
     no copy). ``for_backward``: a dict the kernels may leave values in for :func:`run_backward` (its
-    ``saved``; the emulation leaves none).
+    ``saved``; the emulation leaves none); ``hand_over_copies``: whether those may include K's and
+    V's FP8 copies (:func:`.kernels.forward.triton_forward`).
     """
     with _no_autocast(q.device.type):
         if select_backend(q.device, config) is Backend.TRITON:
             from .kernels.forward import triton_forward
 
             out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, softcap=softcap, sinks=sinks,
-                                      for_backward=for_backward, token_major_out=token_major_out)
+                                      for_backward=for_backward, token_major_out=token_major_out,
+                                      hand_over_copies=hand_over_copies)
         else:
             out, lse = reference.emulated_forward(q, k, v, scale=scale, mask=mask, config=config,
                                                   softcap=softcap, sinks=sinks)
@@ -320,12 +322,28 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("hf_fp8_attention::forward", _backward, setup_context=_setup_context)
 
 
+def _saved_tensors_hooked() -> bool:
+    """Whether saved-tensor hooks pack what autograd Functions save (activation checkpointing,
+    CPU offloading); True where torch no longer tells (the check is a private API)."""
+    try:
+        return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except (AttributeError, RuntimeError, TypeError):
+        return True
+
+
+def _shape_only(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A stand-in of ``shape`` and ``dtype`` for an input the backward reads the shape of only: one
+    NaN element broadcast, so that any read of its values would show in the gradients."""
+    return torch.full((1,) * len(shape), float("nan"), dtype=dtype, device=device).expand(shape)
+
+
 class _EagerAttention(torch.autograd.Function):
     """The custom ops' autograd formula as a plain autograd Function, for eager calls.
 
-    Same implementations (:func:`run_forward` / :func:`run_backward`), same saved tensors; it skips
-    the custom-op dispatch and the config/mask flattening, which cost about 100 us of host time per
-    call on the benchmark GPU machine: at short sequences the GPU waits for the host.
+    Same implementations (:func:`run_forward` / :func:`run_backward`), same saved tensors (but for
+    K's and V's copies handed to the backward in their place, ``forward.HAND_OVER_KV_COPIES``); it
+    skips the custom-op dispatch and the config/mask flattening, which cost about 100 us of host time
+    per call on the benchmark GPU machine: at short sequences the GPU waits for the host.
     """
 
     @staticmethod
@@ -333,15 +351,32 @@ class _EagerAttention(torch.autograd.Function):
         # With an FP8 backward ahead, the forward's statistics launches also compute those the
         # backward needs of K and V (two launches fewer; small per-(sequence, head) vectors).
         ctx.for_backward = {} if config.backward is BackwardPrecision.FP8 and any(ctx.needs_input_grad) else None
+        # K's and V's FP8 copies kept for the backward (forward.HAND_OVER_KV_COPIES) would escape
+        # saved-tensor hooks (activation checkpointing, offloading): none then.
         out, lse = run_forward(q, k, v, scale, mask, config, softcap, sinks, for_backward=ctx.for_backward,
-                               token_major_out=True)
-        ctx.save_for_backward(*_saved_for_backward(q, k, v, lse, out, sinks, config))
+                               token_major_out=True, hand_over_copies=not _saved_tensors_hooked())
+        # With the copies handed over the backward reads V for its shape alone, and K too without
+        # soft-cap and sinks (their statistics read K): those are not saved, so that until its
+        # backward a layer keeps the copies (3 bytes per (K, V) element pair) in place of the 16-bit
+        # K and V (4), not beside them.
+        held = ctx.for_backward is not None and "kv_copies" in ctx.for_backward
+        drop_k, drop_v = held and softcap is None and sinks is None, held
+        ctx.dropped = (k.shape, k.dtype) if drop_k else None, (v.shape, v.dtype) if drop_v else None
+        ctx.save_for_backward(*_saved_for_backward(q, None if drop_k else k, None if drop_v else v, lse, out, sinks,
+                                                   config))
         ctx.args = (scale, mask, config, softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lse, out, sinks = ctx.saved_tensors
+        if k is None or v is None:
+            if not ctx.for_backward.get("kv_copies"):  # taken by the first backward through this call
+                raise RuntimeError(
+                    "hf_fp8_attention: a second backward through one attention call is not supported when "
+                    "its forward handed K's and V's FP8 copies to the backward instead of saving K and V "
+                    "(kernels.forward.HAND_OVER_KV_COPIES); switch it off to backward with retain_graph=True")
+            k, v = (t if t is not None else _shape_only(*like, q.device) for t, like in zip((k, v), ctx.dropped))
         grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks, saved=ctx.for_backward)
         dsinks = grads[3] if sinks is not None else None
         return grads[0], grads[1], grads[2], None, None, None, None, dsinks

@@ -129,7 +129,8 @@ def test_handed_over_copies_give_the_same_gradients(recipe, packed, monkeypatch)
 
 def test_no_copies_are_handed_over_to_a_chunked_backward(monkeypatch):
     """Chunks bound the backward's peak by keeping one chunk's copies live: the forward hands none
-    over where the backward will be chunked, and a backward that chunks drops any it is given."""
+    over where the backward will be chunked; a backward given copies (its forward saw one pass) runs
+    one pass on them whatever the chunk settings say now (its caller may have kept no K and V)."""
     from hf_fp8_attention.kernels import backward, forward
 
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
@@ -147,11 +148,14 @@ def test_no_copies_are_handed_over_to_a_chunked_backward(monkeypatch):
     out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=chunked)
     assert "kv_copies" not in chunked
     handed = kept["kv_copies"]
-    dropped = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
-                              kv_stats=kept["kv_stats"], kv_copies=handed)
+    calls = _count_backward_prep(monkeypatch)
+    one_pass = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
+                               kv_stats=kept["kv_stats"], kv_copies=handed)
     assert handed == []
+    assert [len(xs) for xs in calls] == [2] and calls[0][0] is q  # one (Q, dO) launch: not chunked
     own = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config)
-    for name, a, b in zip(("dq", "dk", "dv"), dropped, own):
+    assert len(calls) == 1 + 2 * 2  # chunked: (Q, dO) and (K, V) per chunk
+    for name, a, b in zip(("dq", "dk", "dv"), one_pass, own):
         assert torch.equal(a, b), name
 
 

@@ -572,15 +572,17 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
         kv_copies: what the forward left under ``for_backward["kv_copies"]`` where
             :func:`takes_kv_copies` held (``forward.HAND_OVER_KV_COPIES``): a one-item list of K's
             and V's copies, which this backward takes out (emptying the list), so that each copy is
-            freed after its last reader as its own would be. It makes no K/V copies of its own then.
+            freed after its last reader as its own would be. It makes no K/V copies of its own then,
+            and runs in one pass (never chunked): k and v are then read for their shapes and dtypes
+            only (without soft-cap and sinks, whose statistics read K).
     Returns:
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
     """
-    chunks = _chunk_slices(q, k, mask, config, kv_copies_held=bool(kv_copies))
+    # Handed-over copies mean one pass: the forward hands them over only where takes_kv_copies saw
+    # one, and its caller may have kept no 16-bit K and V to make a chunk's copies from.
+    chunks = [(slice(None),) * 3] if kv_copies else _chunk_slices(q, k, mask, config)
     if len(chunks) > 1:
-        if kv_copies:  # a forward whose takes_kv_copies saw other settings: each chunk makes its own
-            kv_copies.clear()
         return _chunked_backward(q, k, v, out, lse, dout, scale, mask, config, softcap, sinks, kv_stats, q_stats,
                                  chunks)
     dq, dk, dv, _, _, dsinks = _launch(q, k, v, out, lse, dout, scale, mask, config, False, softcap, sinks, kv_stats,
@@ -596,22 +598,19 @@ def takes_kv_copies(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> bool:
             and len(_chunk_slices(q, k, mask, config)) == 1)
 
 
-def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig,
-                  kv_copies_held: bool = False) -> list[tuple[slice, slice, slice]]:
+def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig) -> list[tuple[slice, slice, slice]]:
     """``[(batch rows, query heads, kv heads), ...]``: the chunks of ``LAUNCH["backward_chunks"]``
     for the FP8 backward on pre-quantized operands with at least
     ``LAUNCH["backward_chunk_min_elements"]`` query elements where one pass would raise the memory
     peak (``LAUNCH["backward_chunks_below_peak"]``; one chunk elsewhere). Chunks split the batch
     rows, or with one row (every varlen batch) the kv heads with their query heads, so that each
-    chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous. ``kv_copies_held``: K's
-    and V's copies are allocated already (handed over by the forward), so the peak rule does not
-    count them again."""
+    chunk's slice of a contiguous ``(B, H, S, D)`` gradient is contiguous."""
     whole = [(slice(None), slice(None), slice(None))]
     n = int(LAUNCH["backward_chunks"])
     if (n <= 1 or config.backward is not BackwardPrecision.FP8 or not LAUNCH["prequant"]
             or q.numel() < LAUNCH["backward_chunk_min_elements"]):
         return whole
-    if LAUNCH["backward_chunks_below_peak"] and _one_pass_stays_under_peak(q, k, kv_copies_held):
+    if LAUNCH["backward_chunks_below_peak"] and _one_pass_stays_under_peak(q, k):
         return whole
     b, hq = q.shape[:2]
     hkv = k.shape[1]
@@ -621,7 +620,7 @@ def _chunk_slices(q, k, mask: MaskSpec, config: FP8AttentionConfig,
     return [(slice(None), slice(lo * g, hi * g), slice(lo, hi)) for lo, hi in _even_ranges(hkv, n)]
 
 
-def _one_pass_stays_under_peak(q, k, kv_copies_held: bool = False) -> bool:
+def _one_pass_stays_under_peak(q, k) -> bool:
     """Whether one backward pass over ``q (B, Hq, Sq, D)``, ``k (B, Hkv, Sk, D)`` fits under the
     device's peak of allocated memory so far (CUDA tensors only; False elsewhere). Counted, as an
     upper bound: the seven FP8 copies (Q and dO row- and channel-wise, K row- and channel-wise, V
@@ -629,12 +628,11 @@ def _one_pass_stays_under_peak(q, k, kv_copies_held: bool = False) -> bool:
     counters, read once as the allocator's nested dict (``torch.cuda.memory_allocated`` and
     ``max_memory_allocated`` each flatten and sort the whole of it in Python): no device sync. An
     allocator without them (a pluggable one raises) counts as False: the chunks then follow the size
-    alone, as before the rule (the same gradients either way). ``kv_copies_held``: K's and V's
-    copies are counted in the allocated bytes already (handed over by the forward)."""
+    alone, as before the rule (the same gradients either way)."""
     if q.device.type != "cuda":
         return False
     nq, nk = q.numel(), k.numel()
-    one_pass = 4 * nq + (0 if kv_copies_held else 3 * nk) + q.element_size() * nq + 2 * k.element_size() * nk
+    one_pass = 4 * nq + 3 * nk + q.element_size() * nq + 2 * k.element_size() * nk
     try:
         counters = torch.cuda.memory_stats_as_nested_dict(q.device)["allocated_bytes"]["all"]
     except (RuntimeError, KeyError):

@@ -92,7 +92,9 @@ GLUON_FORWARD = (128, )
 # launch also writes the backward's K channel-wise and V row-wise copies (B4, B2; its K row-wise copy
 # is B1 already), handed over under for_backward["kv_copies"]: K and V are read once for both passes
 # instead of again by the backward's K/V launch (116.5 us and 235 MB at 2 x 8k tokens on the H100;
-# ~64 MB more written here). Off: not yet timed on a GPU (benchmarks/NOTES.md, "Backward").
+# ~64 MB more written here). The eager autograd call then saves no 16-bit V (nor K without soft-cap
+# and sinks). Off: 1-2% off a fwd+bwd on the H100, but the memory it saves per layer is not yet
+# measured on a GPU (benchmarks/NOTES.md, "Backward").
 HAND_OVER_KV_COPIES = False
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
@@ -521,6 +523,7 @@ def triton_forward(
     sinks: torch.Tensor | None = None,
     for_backward: dict | None = None,
     token_major_out: bool = False,
+    hand_over_copies: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward with the Triton kernels (same contract as ``emulated_forward``).
 
@@ -534,8 +537,11 @@ def triton_forward(
             the FP8 backward's copies as well (:func:`.backward.triton_backward`'s ``kv_stats``),
             computed in the forward's statistics launches instead of two more in the backward;
             under ``"q_stats"`` Q's, where the forward computes Q's statistics anyway; and with
-            :data:`HAND_OVER_KV_COPIES`, under ``"kv_copies"``, the backward's copies of K and V
-            themselves (its ``kv_copies``).
+            :data:`HAND_OVER_KV_COPIES` and ``hand_over_copies``, under ``"kv_copies"``, the
+            backward's copies of K and V themselves (its ``kv_copies``).
+        hand_over_copies: False where the copies must not be kept for the backward (the caller's
+            saved tensors are packed by hooks, e.g. activation checkpointing: the copies would
+            outlive them).
         token_major_out: O laid out as a token-major q is (:func:`output_buffer`) where the kernel
             that runs is switched to (``TOKEN_MAJOR_OUT`` here, the Gluon one's in forward_gluon).
     Returns:
@@ -553,7 +559,8 @@ def triton_forward(
     # K's row-wise copy (F1: smoothed, rotated) and V's transposed channel-wise copy (F2), one launch,
     # after the statistics launches (one pair for both) their sequence-wide scales and K's mean need.
     # With the backward's copies as well (HAND_OVER_KV_COPIES): K channel-wise and V row-wise too.
-    hand_over = for_backward is not None and HAND_OVER_KV_COPIES and takes_kv_copies(q, k, mask, config)
+    hand_over = (for_backward is not None and HAND_OVER_KV_COPIES and hand_over_copies
+                 and takes_kv_copies(q, k, mask, config))
     k_copies = copies_for("k", config, row=True, col=hand_over)
     v_copies = copies_for("v", config, row=hand_over, col=True)
     kv_stats, (k_all, v_all) = stats_then_copies(
