@@ -89,7 +89,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 # The options of add_schedule_options, as the scripts' result headers name them.
 SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
-                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`")
+                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`, `--hand-over-kv 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -112,7 +112,10 @@ def add_schedule_options(parser) -> None:
     - ``--quantize-q 0|1``: the Gluon forward makes the rotated Q's codes itself, or a quantization
       launch makes them before it (``kernels.forward_gluon.QUANTIZE_Q``, on by default);
     - ``--persistent 0|1``: the Gluon forward as a persistent kernel or one program per query block
-      (``kernels.forward_gluon.PERSISTENT``, on by default)."""
+      (``kernels.forward_gluon.PERSISTENT``, on by default);
+    - ``--hand-over-kv 0|1``: the forward makes the backward's K/V copies and hands them over in
+      place of the saved K and V, or the backward makes its own (``kernels.forward.HAND_OVER_KV_COPIES``,
+      off by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -137,6 +140,9 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--persistent", type=int, choices=(0, 1), default=None,
                         help="1: the Gluon forward as a persistent kernel; 0: one program per query block "
                              "(kernels.forward_gluon.PERSISTENT)")
+    parser.add_argument("--hand-over-kv", type=int, choices=(0, 1), default=None,
+                        help="1: the forward makes the backward's K/V copies, saved in place of K and V; 0: the "
+                             "backward makes them (kernels.forward.HAND_OVER_KV_COPIES)")
 
 
 def _schedule_tables():
@@ -145,7 +151,8 @@ def _schedule_tables():
 
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
             (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
-            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"))
+            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"),
+            (forward, "HAND_OVER_KV_COPIES"))
 
 
 def schedule_state() -> tuple:
@@ -200,4 +207,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.persistent is not None:
         forward_gluon.PERSISTENT = bool(args.persistent)
         notes.append(f"PERSISTENT={bool(args.persistent)}")
+    if args.hand_over_kv is not None:
+        forward.HAND_OVER_KV_COPIES = bool(args.hand_over_kv)
+        notes.append(f"HAND_OVER_KV_COPIES={bool(args.hand_over_kv)}")
     return " ".join(notes)
