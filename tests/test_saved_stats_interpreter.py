@@ -45,9 +45,10 @@ def test_reused_statistics_give_the_same_gradients(recipe, packed):
         assert torch.equal(a, b), name
 
 
-def test_autograd_hands_the_statistics_over(monkeypatch):
-    """Counted with every kernel stubbed (only the host side runs): the statistics calls of a
-    fwd+bwd, and of a forward without gradients."""
+@pytest.fixture
+def host_side_only(monkeypatch):
+    """Every kernel launch stubbed (only the host side runs) and the ops on the Triton kernels for
+    CPU tensors: what a call through autograd launches is counted without running it."""
     import triton.runtime.interpreter as interpreter
 
     from hf_fp8_attention import ops
@@ -55,6 +56,11 @@ def test_autograd_hands_the_statistics_over(monkeypatch):
 
     monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
     monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
+
+
+def test_autograd_hands_the_statistics_over(host_side_only, monkeypatch):
+    """Counted with every kernel stubbed (only the host side runs): the statistics calls of a
+    fwd+bwd, and of a forward without gradients."""
     calls = []
     stats = operands.sequence_stats
     monkeypatch.setattr(operands, "sequence_stats", lambda xs, *a, **kw: calls.append(len(xs)) or stats(xs, *a, **kw))
@@ -69,16 +75,9 @@ def test_autograd_hands_the_statistics_over(monkeypatch):
     assert calls == [2, 2, 2]
 
 
-def test_autograd_hands_the_query_statistics_over(monkeypatch):
+def test_autograd_hands_the_query_statistics_over(host_side_only, monkeypatch):
     """The fast recipe (one Q scale per head): the forward's Q statistics read Q; the backward's
     read dO alone (kernels stubbed, as above)."""
-    import triton.runtime.interpreter as interpreter
-
-    from hf_fp8_attention import ops
-    from hf_fp8_attention.config import Backend
-
-    monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
-    monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
     calls = []
     stats = operands.sequence_stats
     monkeypatch.setattr(operands, "sequence_stats", lambda xs, *a, **kw: calls.append(xs) or stats(xs, *a, **kw))
@@ -159,17 +158,11 @@ def test_no_copies_are_handed_over_to_a_chunked_backward(monkeypatch):
         assert torch.equal(a, b), name
 
 
-def test_autograd_hands_the_copies_over(monkeypatch):
+def test_autograd_hands_the_copies_over(host_side_only, monkeypatch):
     """Through autograd (kernels stubbed, as above): with the switch on the backward makes copies of
     Q and dO only; a forward without gradients makes none for a backward."""
-    import triton.runtime.interpreter as interpreter
-
-    from hf_fp8_attention import ops
-    from hf_fp8_attention.config import Backend
     from hf_fp8_attention.kernels import forward
 
-    monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda self, *a, grid=None, **kw: None)
-    monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
     handed = []
     hand_over = forward.takes_kv_copies
