@@ -104,7 +104,8 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 # A Gluon kernel's constexpr switch -> the module constant that sets it at launch.
 GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
                   "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG",
-                  "OUT_STRIDED": "TOKEN_MAJOR_OUT"}
+                  "OUT_STRIDED": "TOKEN_MAJOR_OUT", "P_IN_PLACE": "P_IN_PLACE",
+                  "IN_PLACE": "A_IN_PLACE"}
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True,
@@ -193,8 +194,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
 
 def mma_loops(compiled) -> list[dict]:
     """The innermost loops that issue MMAs (a branch back to a label, over < 700 instructions): per
-    loop its instruction, MMA, MMA-wait and local-memory (spill) counts, from the SASS. As many waits
-    as MMAs: ptxas serialised the wgmmas (its C751x performance notes)."""
+    loop its instruction, MMA, MMA-wait, local-memory (spill) and shuffle counts, from the SASS. As
+    many waits as MMAs: ptxas serialised the wgmmas (its C751x performance notes)."""
     labels, ins, loops = {}, [], []
     for line in _sass_text(compiled).splitlines():
         line = line.strip()
@@ -208,7 +209,8 @@ def mma_loops(compiled) -> list[dict]:
                 if any("GMMA" in x for x in body) and len(body) < 700:
                     loops.append(dict(instructions=len(body), mma=sum("GMMA" in x for x in body),
                                       waits=sum("WARPGROUP.DEPBAR" in x for x in body),
-                                      stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body)))
+                                      stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body),
+                                      shfl=sum("SHFL" in x for x in body)))
     return loops
 
 

@@ -134,6 +134,11 @@ def test_compiles_for_sm90():
     assert {(r["kernel"], r["causal"]) for r in rows if r["kernel"].endswith("_persistent")} == {
         ("fwd_persistent", True), ("dq_persistent", True), ("stats_persistent", True)}
     assert all(r["q_in"] for r in rows if r["kernel"] == "fwd_persistent")
+    # P's codes reach P·V from the registers they were computed in (gluon_hopper.a_operand_in_place): the
+    # forward's loops shuffle only for the two rows' max and sum (2 rows x 2 steps x 2 reductions)
+    assert all(loop["shfl"] <= 8 for r in rows if r["kernel"].startswith("fwd") for loop in r["mma_loops"]), rows
+    # and dS's (dQ), Pᵀ's and dSᵀ's (dK/dV) likewise: those loops reduce nothing across threads
+    assert all(loop["shfl"] == 0 for r in rows if r["kernel"].startswith(("dq", "dkdv")) for loop in r["mma_loops"])
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}
@@ -195,3 +200,62 @@ def test_the_forward_quantizes_rotated_16_bit_q_itself(monkeypatch):
     monkeypatch.setattr(forward_gluon, "cvt_mode", lambda: 0)
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", False)
     assert "QUANTIZE_Q" in reason(q, delta, True)
+
+
+@pytest.mark.parametrize("gluon", [True, False])
+def test_vt_comes_in_the_gluon_forwards_pv_order(gluon, monkeypatch):
+    """Where the Gluon forward runs, the K/V launch writes Vᵀ's keys in its P·V order
+    (``Copies.col_pv``, the order ``gluon_hopper.a_operand_in_place`` takes P's codes in); the Triton
+    forward takes them in token order."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(xs, copies, **kwargs):
+        seen.append(copies)
+        raise Stop
+
+    monkeypatch.setattr(forward, "gluon_runs", lambda *args: gluon)
+    monkeypatch.setattr(forward, "stats_then_copies", spy)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(Stop):
+        forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
+    k_copies, v_copies = seen[0]
+    assert v_copies.col and v_copies.col_pv is gluon
+    monkeypatch.setattr(forward_gluon, "P_IN_PLACE", False)  # P moved to the A operand's layout instead
+    with pytest.raises(Stop):
+        forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
+    assert not seen[-1][1].col_pv
+    assert not k_copies.col_pv
+
+
+@pytest.mark.parametrize("dq, dkdv, one_sweep", [(True, True, False), (True, False, False), (False, True, False),
+                                                 (True, True, True)])
+def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, monkeypatch):
+    """Where the Gluon dQ launch runs, K's channel-wise copy holds its keys in the order it takes dS's
+    codes in, and where the Gluon dK/dV launch runs, Q's and dO's theirs (``Copies.col_pv``); the
+    Triton launches (and the one-sweep dQ) take token order."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(xs, copies, **kwargs):
+        seen.append(copies)
+        if len(seen) == 2:
+            raise Stop
+        return None, [(None, ) * 5] * 2
+
+    runs = {"gluon_dq": dq, "gluon_dkdv": dkdv}
+    monkeypatch.setattr(backward, "_gluon_runs", lambda module, key, *args: runs.get(key, False))
+    monkeypatch.setattr(backward, "stats_then_copies", spy)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 256)
+    config = FP8AttentionConfig.from_recipe("fp8_delta", dq_in_stats=one_sweep)
+    with pytest.raises(Stop):
+        backward.triton_backward(q, q, q, q, lse, q, scale=1.0, mask=CAUSAL, config=config)
+    (qc, doc), (kc, vc) = seen
+    assert qc.col_pv is dkdv and doc.col_pv is dkdv
+    assert kc.col_pv is (dq and not one_sweep)
+    assert not vc.col_pv

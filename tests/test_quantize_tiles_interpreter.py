@@ -111,3 +111,49 @@ def test_prefetched_channel_slices_change_no_bit(recipe, tiles, monkeypatch):
     packed = quantize.plan_quantize((v,), (quantize.Copies(row=False, col=True),), block=BLOCK,
                                     cu_seqlens=torch.tensor([0, 9, 33], dtype=torch.int32), max_seqlen=24)
     assert packed.meta["COL_PREFETCH"] is False
+
+
+def _pv_positions(n: int) -> torch.Tensor:
+    """Position of each of ``n`` tokens in the P·V order, derived from the two wgmma layouts: in
+    each aligned 16 the accumulator gives thread q of a quad the columns 8i + 2q + b, and an FP8 A
+    operand takes the columns 4q + 2i + b."""
+    pos = torch.empty(n, dtype=torch.long)
+    for g in range(n // 16):
+        for i in range(2):
+            for q in range(4):
+                for b in range(2):
+                    pos[16 * g + 8 * i + 2 * q + b] = 16 * g + 4 * q + 2 * i + b
+    return pos
+
+
+@pytest.mark.parametrize("prefetch", [None, True])
+def test_pv_order_moves_tokens_only(prefetch, monkeypatch):
+    """``Copies.col_pv``: the channel-wise copy holds each token's codes at its P·V position (two
+    tiles of 16 in one program, the last program's second tile past the end; the plain and the
+    prefetched loop), the scales unchanged; the row-wise copy beside it is untouched."""
+    config = RECIPES["fp8_delta"].replace(backend="triton", block_q=BLOCK, block_k=BLOCK)
+    _, k, v, _ = make_qkv(1, 1, 1, 48, d=64, dtype=torch.bfloat16, seed=7, outliers=True)
+    monkeypatch.setattr(quantize, "ROTATED_LAUNCH", {**quantize.ROTATED_LAUNCH, "tiles": 2, "col_prefetch": prefetch})
+    monkeypatch.setattr(quantize, "QUANT_LAUNCH", {**quantize.QUANT_LAUNCH, "tiles": 2, "col_prefetch": prefetch})
+    plain = (copies_for("k", config, row=True, col=False), copies_for("v", config, row=True, col=True))
+    ordered = (plain[0], plain[1]._replace(col_pv=True))
+    stats = stats_for((k, v), plain, None, None)
+    want = quantize_operands((k, v), plain, block=BLOCK, stats=stats)
+    got = quantize_operands((k, v), ordered, block=BLOCK, stats=stats)
+    for a, b in zip(got[0][:4] + got[1][:2] + got[1][3:4], want[0][:4] + want[1][:2] + want[1][3:4]):
+        assert (a is None and b is None) or torch.equal(_valid(a), _valid(b))
+    natural, moved = _valid(want[1][2]), _valid(got[1][2])  # (1, 1, 64, 48)
+    assert not torch.equal(moved, natural)
+    assert torch.equal(moved[..., _pv_positions(48)], natural)
+
+
+def test_pv_order_refuses_packed_and_ragged_lengths():
+    """The P·V order permutes aligned groups of 16 tokens: a packed batch, or a length that ends
+    inside a group, is refused with a message naming the option."""
+    col = quantize.Copies(row=False, col=True, col_pv=True)
+    _, _, v, _ = make_qkv(1, 1, 1, 33, d=64, dtype=torch.bfloat16, seed=1)
+    with pytest.raises(ValueError, match="col_pv.*33 tokens"):
+        quantize.plan_quantize((v,), (col,), block=BLOCK)
+    with pytest.raises(ValueError, match="col_pv.*packed batch"):
+        quantize.plan_quantize((v[:, :, :32],), (col,), block=BLOCK,
+                               cu_seqlens=torch.tensor([0, 16, 32], dtype=torch.int32), max_seqlen=16)

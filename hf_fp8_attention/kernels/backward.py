@@ -367,8 +367,21 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     # one launch for Q and dO, one for K and V.
     # The recipe's sequence statistics (channel amax, K's mean, per-head amax) come first, from the
     # same kernels as the forward's, so the codes of Q and K for QKᵀ are the forward's.
-    qc, doc = backward_q_copies(config), copies_for("do", config, row=True, col=True)
+    mod_meta = mods.meta()
+    kv_meta = {key: value for key, value in mod_meta.items() if key != "SINK"}  # in LSE' and LSE'^do already
+    one_sweep = config.dq_in_stats
+    dq_gluon = not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta)
+    dkdv_gluon = _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta)
+    # The Gluon dQ and dK/dV launches take their A operands in place (their A_IN_PLACE): K's channel-
+    # wise copy, read by dQ alone, then holds its keys, Q's and dO's, read by dK/dV alone, their
+    # queries in that order (quantize.Copies.col_pv). K's copy handed over by the forward keeps its
+    # keys in token order.
+    queries_in_pv_order = dkdv_gluon and backward_dkdv_gluon.A_IN_PLACE
+    keys_in_pv_order = dq_gluon and not one_sweep and backward_dq_gluon.A_IN_PLACE and not kv_copies
+    qc = backward_q_copies(config)._replace(col_pv=queries_in_pv_order)
+    doc = copies_for("do", config, row=True, col=True)._replace(col_pv=queries_in_pv_order)
     kc, vc = backward_kv_copies(config)
+    kc = kc._replace(col_pv=keys_in_pv_order)
     # Where no statistics were handed over, they and the copies come from one launch where it can.
     if q_stats is not None:
         qdo_stats = (q_stats, *stats_for((dout,), (doc,), cq, max_q))
@@ -398,14 +411,12 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     recipe = dict(KV_HEAD=config.kv_scales is Granularity.HEAD, COL_SEQ=config.channel_scales is not Granularity.TILE)
     matched = config.delta is DeltaMode.MATCHED
     shift2, sinks2, softcap2 = mods.args(lse)
-    mod_meta = mods.meta()
     # ds_scales "head": the statistics launch folds each row's dS bound into one value per (sequence,
     # query head) (an atomic max of fp32 bits, see bwd_dq_fp8_kernel) before any launch reads it,
     # so the statistics always have a launch of their own, for the stale delta too (dq_in_stats: the
     # one sweep forms them with dQ, and folds the bound as that launch does).
     ds_head = config.ds_scales is Granularity.HEAD
     ds_bound = torch.zeros(n_seq * hq, dtype=torch.int32, device=q.device) if ds_head else lse2
-    one_sweep = config.dq_in_stats
     if one_sweep:
         dq_passes = ((True, True, "dq_sweep"),)
     elif (matched and LAUNCH["split_dq_stats"]) or ds_head:
@@ -413,7 +424,6 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     else:
         dq_passes = ((True, True, "dq"),)
     free = backward_block_free(config)
-    kv_meta = {key: value for key, value in mod_meta.items() if key != "SINK"}  # in LSE' and LSE'^do already
 
     def run_dq(passes, dq, kct, kcs) -> None:
         """The statistics and dQ launches ``passes`` (K's channel-wise copy ``kct``, ``kcs``); ``dq``
@@ -425,11 +435,10 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
                                                     ds_bound, groups=hq // hkv, qk_scale=qk_scale,
                                                     causal=bool(mask.causal))
                 continue
-            if launch == "dq" and not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config,
-                                                            mod_meta):
+            if launch == "dq" and dq_gluon:
                 backward_dq_gluon.gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq,
                                            groups=hq // hkv, qk_scale=qk_scale, tau=float(scale),
-                                           causal=bool(mask.causal), pow2=pow2)
+                                           causal=bool(mask.causal), pow2=pow2, keys_in_pv_order=keys_in_pv_order)
                 continue
             tq, tk = _tiles(table, launch, free, config, dp, query_side=True)
             bdo = _channel_block(table, launch, dp)
@@ -447,11 +456,11 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
 
     def run_dkdv(dk, dv, qct, qcs, doct, docs) -> None:
         """The dK/dV launches (Q's and dO's channel-wise copies ``qct``, ``qcs``, ``doct``, ``docs``)."""
-        if _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta):
+        if dkdv_gluon:
             backward_dkdv_gluon.gluon_dkdv(
                 qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv,
                 groups=hq // hkv, qk_scale=qk_scale, tau=float(scale), causal=bool(mask.causal), pow2=pow2,
-                qdo_head=config.qdo_scales is Granularity.HEAD)
+                qdo_head=config.qdo_scales is Granularity.HEAD, queries_in_pv_order=queries_in_pv_order)
             return
         split_dkdv = (table.get("block_free", {}).get("split_dkdv", LAUNCH["split_dkdv"]) if free
                       else LAUNCH["split_dkdv"])

@@ -45,8 +45,8 @@ from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_r
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers, scale_from_amax,
-        tma_load, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_in_place, a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers,
+        scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
@@ -74,6 +74,11 @@ LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS", "MERGED_GQA")
 LAYOUTS = {"kv_shared_q64_merged": (False, 64, True, False), "kv_shared_q64_merged_gqa": (False, 64, True, True),
            "kv_shared_q64": (False, 64, False, False), "kv_registers_q32": (True, 32, False, False),
            "kv_shared_q32": (False, 32, False, False)}
+# Pᵀ's and dSᵀ's codes handed to dV's and dK's products in the registers their accumulators put them in
+# (gluon_hopper.a_operand_in_place; dO's and Q's channel-wise copies written with their queries in that
+# order, ``quantize.Copies.col_pv``) instead of moved to the FP8 A operand's layout: offline (sm_90a,
+# Triton 3.6) 352 -> 304 instructions per query tile.
+A_IN_PLACE = True
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
@@ -96,7 +101,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 
 def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2, delta, ds_bound, dk, dv, *,
-               groups: int, qk_scale: float, tau: float, causal: bool, pow2: bool, qdo_head: bool) -> None:
+               groups: int, qk_scale: float, tau: float, causal: bool, pow2: bool, qdo_head: bool,
+               queries_in_pv_order: bool = False) -> None:
     """Fill ``dk`` and ``dv`` (B, Hkv, Sk, 128), in the inputs' dtype, from the backward's FP8 copies
     (backward.py's ``_launch_fp8``, which runs the statistics launch first):
 
@@ -110,7 +116,10 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
 
     ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
     factor); ``tau``: the softmax scale (dK's factor); ``qdo_head``: Q's and dO's row scales are one
-    per (sequence, head) (``qdo_scales="head"``), read once per head instead of per query tile."""
+    per (sequence, head) (``qdo_scales="head"``), read once per head instead of per query tile;
+    ``queries_in_pv_order``: ``qct``'s and ``doct``'s queries in the order of
+    ``quantize.pv_token_order`` (``Copies.col_pv``), Pᵀ's and dSᵀ's codes then handed to their
+    products in place."""
     b, hq, sq, d = qr.shape
     hkv, sk = kr.shape[1], kr.shape[2]
     descs = (descriptor(qr.view(-1, d), (BLOCK_Q, d)), descriptor(dor.view(-1, d), (BLOCK_Q, d)),
@@ -123,7 +132,8 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
         BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal), POW2=pow2,
         QDO_HEAD=qdo_head, KV_REGS=KV_IN_REGISTERS,
         MERGED=MERGED_WAITS and (groups == 1 or MERGED_GQA),
-        STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=queries_in_pv_order,
+        num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -203,22 +213,34 @@ if gluon is not None:
 
     @gluon.jit
     def _dst_codes(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr,
-                   pa_layout: gl.constexpr):
+                   pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
         """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') times its factor, in the A-operand layout of the dK
-        product; the factor ``ds_mul`` (QDO_HEAD), else one per query from the slot's ``dsf_slot``."""
+        product (:func:`_a_codes`); the factor ``ds_mul`` (QDO_HEAD), else one per query from the
+        slot's ``dsf_slot``."""
         cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         delta = dl_slot.load(cols)
         if QDO_HEAD:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
         else:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * gl.expand_dims(dsf_slot.load(cols), 0)
-        return gl.convert_layout(dst.to(gl.float8e4nv), pa_layout)
+        return _a_codes(dst, pa_layout, IN_PLACE)
+
+    @gluon.jit
+    def _a_codes(x, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
+        """FP8 codes of ``x`` (keys x queries, an accumulator's layout; cvt.rn.satfinite, as
+        cast_saturating) as the A operand of a product over queries: in place (IN_PLACE: Q's and dO's
+        channel-wise copies hold their queries in the order gluon_hopper.a_operand_in_place takes)
+        or moved to ``pa_layout``."""
+        if IN_PLACE:
+            return a_operand_in_place(x.to(gl.float8e4nv), pa_layout)
+        else:
+            return gl.convert_layout(x.to(gl.float8e4nv), pa_layout)
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
                         sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, MASKED: gl.constexpr,
                         QDO_HEAD: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                        pa_layout: gl.constexpr):
+                        pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
         """Query tiles t_a <= t < t_b of one query head (ring index i0 + t − t_a) into one
         warpgroup's dK and dV: the Triton launch's one-exponential form (``_dkdv_tiles`` with
         COMPUTE_DK, COMPUTE_DV and P_FIXED), the same fp32 operations per element."""
@@ -232,11 +254,11 @@ if gluon is not None:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
                           s_layout)
-            p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)  # cvt.rn.satfinite, as cast_saturating
+            p8 = _a_codes(pt, pa_layout, IN_PLACE)
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
             ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
-                             pa_layout)
+                             pa_layout, IN_PLACE)
             dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -246,7 +268,8 @@ if gluon is not None:
     def _consumer_tiles_merged(t_a, t_b, i0, i_last, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
                                lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
                                MASKED: gl.constexpr, QDO_HEAD: gl.constexpr, BLOCK_Q: gl.constexpr,
-                               STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr):
+                               STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                               IN_PLACE: gl.constexpr):
         """:func:`_consumer_tiles` with one wait per tile: ``st``, ``dpt`` are tile t_a's Sᵀ and dP'ᵀ,
         complete; tile t's dV and dK products and the next ring tile's Sᵀ and dP'ᵀ (ring index i + 1,
         whichever head it belongs to; the last tile, ``i_last``, repeats its own, which it discards:
@@ -258,10 +281,10 @@ if gluon is not None:
             slot = i % STAGES
             pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
                           s_layout)
-            p8 = gl.convert_layout(pt.to(gl.float8e4nv), pa_layout)
+            p8 = _a_codes(pt, pa_layout, IN_PLACE)
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
-                             pa_layout)
+                             pa_layout, IN_PLACE)
             dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
             j = gl.minimum(i + 1, i_last)
             mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1)  # done already where j == i
@@ -277,7 +300,7 @@ if gluon is not None:
                   ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0,
                   n0, t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
                   D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr, QDO_HEAD: gl.constexpr,
-                  KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr):
+                  KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr):
         """One warpgroup: keys n0 + WG·64 .. + 64 of the program, over the G query heads; writes
         their dK and dV."""
         s_layout: gl.constexpr = mma_layout(BLOCK_Q)
@@ -328,19 +351,19 @@ if gluon is not None:
                     dk, dv, st, dpt = _consumer_tiles_merged(
                         t_lo, t_m, i0, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
                         lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, True, QDO_HEAD,
-                        BLOCK_Q, STAGES, s_layout, pa_layout)
+                        BLOCK_Q, STAGES, s_layout, pa_layout, IN_PLACE)
                 dk, dv, st, dpt = _consumer_tiles_merged(
                     t_m, t_hi, i0 + t_m - t_lo, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem,
                     dot_smem, lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, False,
-                    QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
+                    QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout, IN_PLACE)
             elif CAUSAL:  # the program's diagonal tiles, masked; then every later query tile sees every key
                 dk, dv = _consumer_tiles(t_lo, t_m, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
                                          lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
-                                         True, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
+                                         True, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout, IN_PLACE)
             if not MERGED:
                 dk, dv = _consumer_tiles(t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem,
                                          dot_smem, lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul,
-                                         ds_mul, False, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout)
+                                         ds_mul, False, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout, IN_PLACE)
         last = seq * H + h0 + G - 1
         dk = (dk * gl.expand_dims(_channel_factor(QCS, DS_BOUND, bh_q0 + G - 1, last, NT_Q, True, True, D, POW2, vec),
                                   0)) * tau
@@ -366,6 +389,7 @@ if gluon is not None:
         POW2: gl.constexpr, QDO_HEAD: gl.constexpr, KV_REGS: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
+        IN_PLACE: gl.constexpr,
     ):
         BLOCK_K: gl.constexpr = 2 * HALF_K
         if CAUSAL:  # longest key blocks first, HEAD_GROUP rows at a time
@@ -409,11 +433,11 @@ if gluon is not None:
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem,
                          kv_bar, ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G,
                          SQ, NT_Q, row_k0, n0, t_lo, t_m, t_hi, tau, 0, BLOCK_Q, HALF_K, D, CAUSAL, POW2, QDO_HEAD,
-                         KV_REGS, MERGED, STAGES)),
+                         KV_REGS, MERGED, STAGES, IN_PLACE)),
             (_consumer, (q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem,
                          kv_bar, ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G,
                          SQ, NT_Q, row_k0, n0, t_lo, t_m, t_hi, tau, 1, BLOCK_Q, HALF_K, D, CAUSAL, POW2, QDO_HEAD,
-                         KV_REGS, MERGED, STAGES)),
+                         KV_REGS, MERGED, STAGES, IN_PLACE)),
             (_producer, (q_desc, do_desc, qt_desc, dot_desc, k_desc, v_desc, q_smem, do_smem, qt_smem, dot_smem,
                          k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem, kv_bar, ready, empty, LSE2, DELTA,
                          QRS, DORS, DS_BOUND, sk, sv, seq, h0, H, bh_q0, G, SQ, row_k0, n0, t_lo, t_hi, BLOCK_Q,

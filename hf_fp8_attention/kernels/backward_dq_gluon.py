@@ -32,9 +32,9 @@ from .persistent_schedule import launch_table
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout, persistent_query_side_codes,
-        persistent_query_side_producer, program_entries, query_block, query_side_producer, ring_barriers,
-        scheduled_block, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_in_place, a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout,
+        persistent_query_side_codes, persistent_query_side_producer, program_entries, query_block,
+        query_side_producer, ring_barriers, scheduled_block, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -54,6 +54,10 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.p
 # persistent_schedule.py; the next block's codes and key tiles loaded while the current one
 # finishes): the same bits. With Q and dO in registers only (the default layout).
 PERSISTENT = False
+# dS's codes handed to dS·K in the registers its accumulator put them in (gluon_hopper.a_operand_in_place;
+# K's channel-wise copy written with its keys in that order, ``quantize.Copies.col_pv``) instead of moved
+# to the FP8 A operand's layout: offline (sm_90a, Triton 3.6) 228 -> 204 instructions per key tile.
+A_IN_PLACE = True
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
@@ -72,7 +76,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 
 def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *, groups: int, qk_scale: float,
-             tau: float, causal: bool, pow2: bool) -> None:
+             tau: float, causal: bool, pow2: bool, keys_in_pv_order: bool = False) -> None:
     """Fill ``dq`` (B, Hq, Sq, 128), in the inputs' dtype, after the backward's statistics launch
     (backward.py's ``_launch_fp8``):
 
@@ -85,7 +89,8 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
       of each query head's fp32 dS bound.
 
     ``groups``: query heads per kv head; ``qk_scale``: softmax scale · log2 e (and the recipe's logit
-    factor); ``tau``: the softmax scale."""
+    factor); ``tau``: the softmax scale; ``keys_in_pv_order``: ``kct``'s keys in the order of
+    ``quantize.pv_token_order`` (``Copies.col_pv``), dS's codes then handed to dS·K in place."""
     b, hq, sq, d = qr.shape
     sk = kr.shape[2]
     descs = (descriptor(qr.view(-1, d), (HALF_Q, d)), descriptor(dor.view(-1, d), (HALF_Q, d)),
@@ -97,21 +102,22 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
         _dq_persistent_kernel[(n_prog, )](
             *descs, table, qrs, krs, kcs, lse2do, delta, ds_bound, dq, hq, groups, sq, sk, kcs.shape[2], n_blk,
             qk_scale, tau, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, num_warps=4,
+            maxnreg=MAXNREG)
         return
     _dq_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
         POW2=pow2, QDO_REGS=QDO_IN_REGISTERS, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
     @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p,
                         delta, MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        s_layout: gl.constexpr, pa_layout: gl.constexpr):
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's dQ: the Triton launch's ``_dq_tiles`` with
         DS_HEAD and COL_SEQ, the same fp32 operations per element. SKIP: tiles no query of this
         warpgroup sees (the other one does): only their ring slots are released. Tile t sits at
@@ -131,7 +137,11 @@ if gluon is not None:
                     keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
                     p = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), p, 0.0)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-                ds8 = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(gl.float8e4nv), pa_layout)
+                ds8 = (p * (dp - gl.expand_dims(delta, 1))).to(gl.float8e4nv)
+                if IN_PLACE:  # K's channel-wise copy holds its keys in the order this takes
+                    ds8 = a_operand_in_place(ds8, pa_layout)
+                else:
+                    ds8 = gl.convert_layout(ds8, pa_layout)
                 dq = warpgroup_mma(ds8, kt_smem.index(slot).permute((1, 0)), dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -154,7 +164,7 @@ if gluon is not None:
     @gluon.jit
     def _dq_rows(q_reg, do_reg, c0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
                  queries, sq, ds_scale, lse_p, delta, tau, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                 D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                 D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr):
         """A warpgroup's dQ of queries q0 .. q0 + HALF_Q from their codes ``q_reg``, ``do_reg`` and
         :func:`_row_factors`: key tiles 0 <= t < t_hi (ring positions c0 + t), then the scales, into ``DQ``."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
@@ -165,15 +175,16 @@ if gluon is not None:
             t_diag = q0 // BLOCK_N
             N_DIAG: gl.constexpr = (HALF_Q + BLOCK_N - 1) // BLOCK_N  # tiles holding the diagonal (1 at 128 too)
             dq = _consumer_tiles(0, t_diag, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
-                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE)
             dq = _consumer_tiles(t_diag, t_diag + N_DIAG, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
                                  ready, empty, queries, sq, lse_p, delta, True, False, BLOCK_N, STAGES, s_layout,
-                                 pa_layout)
+                                 pa_layout, IN_PLACE)
             dq = _consumer_tiles(t_diag + N_DIAG, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
-                                 empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout)
+                                 empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout,
+                                 IN_PLACE)
         else:
             dq = _consumer_tiles(0, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
-                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout)
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         dq = dq * ds_scale
         dq = dq * gl.expand_dims(gl.load(KCS + bh_k * NT_K * D + chan), 0)
@@ -185,7 +196,7 @@ if gluon is not None:
     def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                   DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr):
+                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
@@ -200,13 +211,14 @@ if gluon is not None:
             q_reg = q_smem.index(WG)
             do_reg = do_smem.index(WG)
         _dq_rows(q_reg, do_reg, 0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
-                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)
+                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE)
 
     @gluon.jit
     def _persistent_consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1,
                              N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K, qk_scale, tau,
                              WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                             CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr):
+                             CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr,
+                             IN_PLACE: gl.constexpr):
         """One warpgroup of a persistent program over entries i0 <= j < i1 of its schedule: per block
         :func:`_consumer`'s work (Q's and dO's codes in registers, then the buffers released to the
         producer for the next block), the ring's positions running on across blocks."""
@@ -220,7 +232,7 @@ if gluon is not None:
                                                                q0, qk_scale, HALF_Q, POW2, gl.SliceLayout(1, s_layout))
             q_reg, do_reg = persistent_query_side_codes(q_smem, do_smem, q_bar, q_free, j - i0, WG, qa_layout)
             _dq_rows(q_reg, do_reg, c, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
-                     queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)
+                     queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE)
             c += t_hi
 
     @gluon.jit
@@ -236,7 +248,7 @@ if gluon is not None:
         H, G, SQ, SK, NT_K, qk_scale, tau,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
         POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, IN_PLACE: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
@@ -250,10 +262,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 0, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, QDO_REGS, STAGES)),
+                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 1, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, QDO_REGS, STAGES)),
+                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE)),
             (query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
                                    kt_smem, q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q,
                                    BLOCK_N, STAGES)),
@@ -267,7 +279,7 @@ if gluon is not None:
         QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ,  # as _dq_kernel's
         H, G, SQ, SK, NT_K, N_BLK, qk_scale, tau,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
-        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, IN_PLACE: gl.constexpr,
     ):
         """_dq_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
         blocks, the same bits; Q's and dO's codes held in registers (QDO_IN_REGISTERS)."""
@@ -283,10 +295,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
                                     i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
-                                    qk_scale, tau, 0, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES)),
+                                    qk_scale, tau, 0, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
                                     i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
-                                    qk_scale, tau, 1, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES)),
+                                    qk_scale, tau, 1, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE)),
             (persistent_query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem,
                                               v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H,
                                               G, SQ, SK, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)),

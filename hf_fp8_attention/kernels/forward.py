@@ -561,8 +561,12 @@ def triton_forward(
     # With the backward's copies as well (HAND_OVER_KV_COPIES): K channel-wise and V row-wise too.
     hand_over = (for_backward is not None and HAND_OVER_KV_COPIES and hand_over_copies
                  and takes_kv_copies(q, k, mask, config))
+    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
+    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
+                                           "triton_forward")
     k_copies = copies_for("k", config, row=True, col=hand_over)
-    v_copies = copies_for("v", config, row=hand_over, col=True)
+    # The Gluon kernel takes Vᵀ's keys in its P·V order (quantize.pv_token_order; forward_gluon.P_IN_PLACE).
+    v_copies = copies_for("v", config, row=hand_over, col=True)._replace(col_pv=use_gluon and forward_gluon.P_IN_PLACE)
     kv_stats, (k_all, v_all) = stats_then_copies(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
         max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config))
@@ -571,9 +575,6 @@ def triton_forward(
         for_backward["kv_stats"] = kv_stats
         if hand_over:  # a list the backward empties, so that it can free each copy after its last reader
             for_backward["kv_copies"] = [(k_all, (*v_all[:2], None, None, None))]  # (V's Vᵀ copy: F2 only)
-    mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
-    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
-                                           "triton_forward")
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
     q_stats = (None, )
     # The Gluon kernel makes the rotated Q's codes itself (forward_gluon.QUANTIZE_Q).

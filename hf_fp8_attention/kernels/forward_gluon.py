@@ -57,8 +57,8 @@ from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn, query_block,
-        query_side_producer, ring_barriers, row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma,
+        a_operand_in_place, a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn,
+        query_block, query_side_producer, ring_barriers, row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma,
         warpgroup_mma_wait,
     )
 
@@ -104,6 +104,11 @@ QUANTIZE_Q_NONCAUSAL = False
 # (benchmarks/NOTES.md, "Forward"). The persistent kernel has the default operand layouts only: with
 # Q_IN_REGISTERS or PINGPONG (layout experiments) the per-block kernel runs.
 PERSISTENT = True
+# P's codes handed to P·V in the registers S's accumulator put them in (gluon_hopper.a_operand_in_place;
+# Vᵀ's keys written in that order by the K/V launch, ``quantize.Copies.col_pv``) instead of moved to the
+# FP8 A operand's layout (16 shuffles, 16 selects and 16 byte permutes per thread and key tile): offline
+# (sm_90a, Triton 3.6) 483 -> 435 instructions per tile in the interior loop; the same products.
+P_IN_PLACE = True
 
 
 def _runs_persistent() -> bool:
@@ -204,8 +209,8 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,
         OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
         HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES,
-        LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+        LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), P_IN_PLACE=P_IN_PLACE,
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -253,7 +258,7 @@ if gluon is not None:
     @gluon.jit
     def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
                       LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                      FMA_EXP: gl.constexpr):
+                      FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
         """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
         forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score, or,
         FMA_EXP, each exponent as one FMA from the log2 units (module docstring)."""
@@ -273,13 +278,17 @@ if gluon is not None:
             p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
         gamma = gl.exp2((r_i - r_ref) * q2)
         l_i = l_i * gamma + gl.sum(p, 1)
-        p8 = gl.convert_layout(p.to(gl.float8e4nv), pa_layout)  # p <= 448: no clamp
+        if P_IN_PLACE:  # p <= 448: no clamp
+            p8 = a_operand_in_place(p.to(gl.float8e4nv), pa_layout)
+        else:
+            p8 = gl.convert_layout(p.to(gl.float8e4nv), pa_layout)
         return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
-                        s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr):
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr,
+                        P_IN_PLACE: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's running (acc, l, m, r), each tile's S waited
         for, then its P·V; tile t sits at position c0 + t of the ring's sequence of tiles (c0: the
         tiles of the program's earlier query blocks, 0 but in the persistent kernel)."""
@@ -290,7 +299,7 @@ if gluon is not None:
             x = warpgroup_mma(q_op, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
             acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -314,7 +323,7 @@ if gluon is not None:
                                slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                                pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                               FMA_EXP: gl.constexpr):
+                               FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
         both products of a warpgroup at once while the other warpgroup works on its scores.
@@ -328,7 +337,7 @@ if gluon is not None:
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
             _take_turn(turn, t + 1, WG, PINGPONG)
             acc = warpgroup_mma(p8, vt_smem.index((c0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
             nxt = (c0 + t + 1) % STAGES
@@ -339,7 +348,7 @@ if gluon is not None:
             mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
-                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP)
+                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
         _take_turn(turn, t_hi, WG, PINGPONG)
         acc = warpgroup_mma(p8, vt_smem.index((c0 + last) % STAGES).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
@@ -351,24 +360,25 @@ if gluon is not None:
     def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr,
                        STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                       WG: gl.constexpr, FMA_EXP: gl.constexpr):
+                       WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (at ring positions c0 + t) into one warpgroup's running (acc, l, m,
         r), in the schedule MERGED picks (causal: the last tile, the program's diagonal one, masked)."""
         if MERGED:
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                         empty, turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
-                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP)
+                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP,
+                                                        P_IN_PLACE)
         elif CAUSAL:
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX,
-                                                 s_layout, pa_layout, FMA_EXP)
+                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
             acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
-                                                 s_layout, pa_layout, FMA_EXP)
+                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
         else:
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                  queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
-                                                 pa_layout, FMA_EXP)
+                                                 pa_layout, FMA_EXP, P_IN_PLACE)
         return acc, l_i, m_i, r_i
 
     @gluon.jit
@@ -377,7 +387,7 @@ if gluon is not None:
                   Q_HEAD: gl.constexpr, POW2: gl.constexpr, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
                   Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
-                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
+                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, P_IN_PLACE: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE. Q_IN: it
         makes their codes from the input Q into its half of ``q_smem`` (:func:`_rotated_q_codes`), else
         they come there by TMA (``h_smem`` unused)."""
@@ -403,13 +413,14 @@ if gluon is not None:
             mbarrier.arrive(turn.index(0), count=1)
         _attend_rows(q_op, q2, q0, 0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
                      bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG, STAGES,
-                     LOG2_PMAX, FMA_BOUND)
+                     LOG2_PMAX, FMA_BOUND, P_IN_PLACE)
 
     @gluon.jit
     def _attend_rows(q_op, q2, q0, c0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
                      bh_k, SQ, NT_K, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr, HALF_Q: gl.constexpr,
                      BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
-                     PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr):
+                     PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr,
+                     P_IN_PLACE: gl.constexpr):
         """A warpgroup's 64 queries q0 .. q0 + 64 of (batch · query head) ``bh_q``, their codes ``q_op``
         (shared memory or registers) and row factors ``q2`` (HALF_Q,) set: key tiles 0 <= t < t_hi (at
         ring positions c0 + t) into their O (scaled by the sequence's channel scales of V) and LSE,
@@ -435,11 +446,11 @@ if gluon is not None:
         if fma:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                 turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, True)
+                                                LOG2_PMAX, s_layout, pa_layout, WG, True, P_IN_PLACE)
         else:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                 turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, False)
+                                                LOG2_PMAX, s_layout, pa_layout, WG, False, P_IN_PLACE)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         acc = acc * gl.expand_dims(gl.load(VS + bh_k * NT_K * D + chan), 0)  # the sequence's channel scales, once
         empty_row = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
@@ -485,6 +496,7 @@ if gluon is not None:
         Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
         LOG2_PMAX: gl.constexpr,
         FMA_BOUND: gl.constexpr,
+        P_IN_PLACE: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -517,11 +529,11 @@ if gluon is not None:
             (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
                          VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
                          Q_HEAD, POW2, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
-                         LOG2_PMAX, FMA_BOUND)),
+                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE)),
             (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
                          VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
                          Q_HEAD, POW2, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
-                         LOG2_PMAX, FMA_BOUND)),
+                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES,
                                    h_desc, h_smem)),

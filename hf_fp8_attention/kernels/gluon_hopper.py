@@ -160,6 +160,21 @@ if gluon is not None:
         return gl.DotOperandLayout(operand_index=0, parent=parent, k_width=4)
 
     @gluon.jit
+    def a_operand_in_place(x8, a_layout: gl.constexpr):
+        """FP8 codes ``x8`` (64, N) in a wgmma accumulator's layout (:func:`mma_layout`; N a multiple
+        of 16) as the A operand of a product in ``a_layout`` (:func:`a_operand_layout`), no code
+        leaving its thread: the column 4q + 2i + b of each aligned 16 takes the accumulator's column
+        8i + 2q + b (q: a thread's place in its quad), so the product's other operand must hold its
+        contracted tokens in that order (``quantize.pv_token_order``, ``Copies.col_pv``). The plain
+        layout change moves the codes through 16 shuffles, 16 selects and 16 byte permutes per
+        thread and (64, 128) tile."""
+        rows: gl.constexpr = x8.shape[0]
+        cols: gl.constexpr = x8.shape[1]
+        x8 = gl.reshape(x8, [rows, cols // 16, 2, 4, 2])  # column 16·g + 8i + 2q + b
+        x8 = gl.reshape(gl.permute(x8, (0, 1, 3, 2, 4)), [rows, cols])  # -> 16·g + 4q + 2i + b
+        return gl.convert_layout(x8, a_layout)
+
+    @gluon.jit
     def scale_from_amax(amax, POW2: gl.constexpr):
         """quantize.scale_from_amax for E4M3 (FMAX 448) in Gluon: amax / 448 floored at 2^-126
         (NaN kept), pow2: rounded up through the bits; 1 where amax == 0."""

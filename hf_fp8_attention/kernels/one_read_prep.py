@@ -67,6 +67,7 @@ def _one_read_kernel(
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
     ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr, COL_PREFETCH: tl.constexpr,
+    X_COL_PV: tl.constexpr = False, Y_COL_PV: tl.constexpr = False,
 ):
     """One program per (chunk, sequence·head row, operand), N_CHUNKS · N_ROWS · operands of them,
     each taking its chunk by ticket (module docstring); X_*/Y_* are the copies' options (as
@@ -92,7 +93,7 @@ def _one_read_kernel(
             BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, POW2, IS_VARLEN, CVT,
             X_ROW, X_COL, X_FMAX, X_DTYPE, X_MANT, X_SUB_MAGIC, X_SUB_MIN, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE,
             Y_ROW, Y_COL, Y_FMAX, Y_DTYPE, Y_MANT, Y_SUB_MAGIC, Y_SUB_MIN, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE,
-            DOT_DTYPE, ROW_STAGES, TILES, COL_FMA, COL_PREFETCH,
+            DOT_DTYPE, ROW_STAGES, TILES, COL_FMA, COL_PREFETCH, X_COL_PV, Y_COL_PV,
         )
 
 

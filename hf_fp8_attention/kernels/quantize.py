@@ -387,7 +387,7 @@ def _quantize_tile(
     MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     ROTATE: tl.constexpr, SHIFT: tl.constexpr, ROW_HEAD: tl.constexpr, COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr = False,
-    COL_PREFETCH: tl.constexpr = False,
+    COL_PREFETCH: tl.constexpr = False, COL_PV: tl.constexpr = False,
 ):
     """The copies of TILES consecutive (BLOCK_S tokens, head) tiles of one operand (``x_base``: its
     (batch, head)), from tile ``tile`` (slot ``slot``) on; tiles past the sequence's end are skipped.
@@ -400,7 +400,8 @@ def _quantize_tile(
     scale per token or, ROW_HEAD, the (sequence, head) scale from ``row_amax`` (stored per token all
     the same, so the attention kernels read either alike); the channel-wise copy takes per-tile
     channel scales (COL_MODE 0), the sequence's channel scales from ``col_amax`` (1) or one scale
-    for the (sequence, head) (2), stored in every tile slot of the sequence.
+    for the (sequence, head) (2), stored in every tile slot of the sequence; COL_PV: its tokens in
+    the order of :func:`pv_token_order` (the Gluon kernels' A operands in place).
 
     A whole (BLOCK_S, BLOCK_D) fp32 tile in registers leaves room for one or two programs per SM
     (255 registers and spills at 128 x 128): too few loads in flight for HBM bandwidth. So each copy
@@ -441,17 +442,17 @@ def _quantize_tile(
         if COL_PREFETCH:
             _col_copy_prefetched(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh,
                                  tile, start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX,
-                                 DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, TILES)
+                                 DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, TILES, COL_PV)
         elif TILES == 1:  # the caller checked that the tile holds tokens
             _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile,
                       start, length, slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT,
-                      SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
+                      SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, COL_PV)
         else:
             for i in tl.static_range(TILES):
                 if (tile + i) * BLOCK_S < length:
                     _col_copy(x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh,
                               tile + i, start, length, slot + i, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2,
-                              FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
+                              FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, COL_PV)
 
 
 @triton.jit
@@ -459,7 +460,7 @@ def _col_copy(
     x_base, sxs, sxd, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, start, length, slot,
     D, S_PAD, NT, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr,
     FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
-    CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr,
+    CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr, COL_PV: tl.constexpr = False,
 ):
     """The transposed channel-wise copy of one tile (slot ``slot``) of :func:`_quantize_tile`,
     COL_GROUP channels at a time, one slice loaded after the previous one is stored."""
@@ -467,7 +468,7 @@ def _col_copy(
         x = _col_load(x_base, sxs, sxd, tile, g, start, length, D, BLOCK_S, COL_GROUP)
         _col_cast_store(x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, g, start, length,
                         slot, D, S_PAD, NT, BLOCK_S, BLOCK_D, COL_GROUP, POW2, FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN,
-                        CVT, COL_MODE, COL_FMA)
+                        CVT, COL_MODE, COL_FMA, COL_PV)
 
 
 @triton.jit
@@ -476,6 +477,7 @@ def _col_copy_prefetched(
     D, S_PAD, NT, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr,
     FMAX: tl.constexpr, DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr,
     CVT: tl.constexpr, COL_MODE: tl.constexpr, COL_FMA: tl.constexpr, TILES: tl.constexpr,
+    COL_PV: tl.constexpr = False,
 ):
     """:func:`_col_copy` of TILES consecutive tiles from ``tile`` (slot ``slot``) as one unrolled
     sequence of (tile, channel group) slices, each slice's load issued before the previous slice is
@@ -489,7 +491,7 @@ def _col_copy_prefetched(
                                length, D, BLOCK_S, COL_GROUP)
         _col_cast_store(x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile + i // GROUPS,
                         (i % GROUPS) * COL_GROUP, start, length, slot + i // GROUPS, D, S_PAD, NT, BLOCK_S, BLOCK_D,
-                        COL_GROUP, POW2, FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA)
+                        COL_GROUP, POW2, FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_MODE, COL_FMA, COL_PV)
         if i + 1 < TILES * GROUPS:
             x = x_next
 
@@ -509,11 +511,12 @@ def _col_cast_store(
     x, col_codes_ptr, col_scales_ptr, col_amax_ptr, head_amax, bhi, sh, tile, g, start, length, slot, D, S_PAD, NT,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COL_GROUP: tl.constexpr, POW2: tl.constexpr, FMAX: tl.constexpr,
     DTYPE: tl.constexpr, MANT: tl.constexpr, SUB_MAGIC: tl.constexpr, SUB_MIN: tl.constexpr, CVT: tl.constexpr,
-    COL_MODE: tl.constexpr, COL_FMA: tl.constexpr,
+    COL_MODE: tl.constexpr, COL_FMA: tl.constexpr, COL_PV: tl.constexpr = False,
 ):
     """Scales, codes and transposed store of one slice :func:`_col_load` gave (nothing stored where
     the tile starts past the sequence's end). COL_FMA (sequence-wide scales, COL_MODE 1 or 2): the
-    division by FMAs of :func:`divide_by_scale` instead of ``div_rn``, the same quotients (see there)."""
+    division by FMAs of :func:`divide_by_scale` instead of ``div_rn``, the same quotients (see there).
+    COL_PV: the tokens in :func:`pv_token_order`."""
     x = x.to(tl.float32)
     tile_s = tile * BLOCK_S + tl.arange(0, BLOCK_S)
     tile_tok = start + tile_s
@@ -527,8 +530,22 @@ def _col_cast_store(
         c_scale = tl.full([COL_GROUP], 1.0, tl.float32) * scale_from_amax(head_amax, FMAX, POW2)
     c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_FMA and COL_MODE != 0)
     tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale, mask=tile * BLOCK_S + 0 * chan < length)
+    if COL_PV:  # (tiles start at multiples of 16; the caller checked the length)
+        c_codes = pv_token_order(c_codes, BLOCK_S, COL_GROUP)
     c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
     tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
+
+
+@triton.jit
+def pv_token_order(codes, BLOCK_S: tl.constexpr, COLS: tl.constexpr):
+    """``codes`` (BLOCK_S tokens, COLS) with their tokens in the order of the Gluon kernels' A
+    operands taken in place (``Copies.col_pv``): in each aligned group of 16, position 4q + 2i + b
+    holds token 8i + 2q + b. A wgmma's accumulator gives thread q of a quad the columns 8i + 2q + b
+    of each 16, an FP8 A operand takes 4q + 2i + b: with the other operand's tokens in this order,
+    P's (dS's) codes feed the product from the registers they were computed in
+    (``gluon_hopper.a_operand_in_place``). Permuted in registers, so the store stays contiguous."""
+    codes = tl.reshape(codes, (BLOCK_S // 16, 2, 4, 2, COLS))  # token 16·g + 8i + 2q + b
+    return tl.reshape(tl.permute(codes, (0, 2, 1, 3, 4)), (BLOCK_S, COLS))
 
 
 @triton.jit
@@ -552,7 +569,7 @@ def quantize_kernel(
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr = None, TILES: tl.constexpr = 1, COL_FMA: tl.constexpr = False,
-    COL_PREFETCH: tl.constexpr = False,
+    COL_PREFETCH: tl.constexpr = False, X_COL_PV: tl.constexpr = False, Y_COL_PV: tl.constexpr = False,
 ):
     """One program per (TILES consecutive tiles of BLOCK_S tokens of one sequence, batch·head, operand).
 
@@ -569,7 +586,7 @@ def quantize_kernel(
         BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, POW2, IS_VARLEN, CVT,
         X_ROW, X_COL, X_FMAX, X_DTYPE, X_MANT, X_SUB_MAGIC, X_SUB_MIN, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE,
         Y_ROW, Y_COL, Y_FMAX, Y_DTYPE, Y_MANT, Y_SUB_MAGIC, Y_SUB_MIN, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE,
-        DOT_DTYPE, ROW_STAGES, TILES, COL_FMA, COL_PREFETCH,
+        DOT_DTYPE, ROW_STAGES, TILES, COL_FMA, COL_PREFETCH, X_COL_PV, Y_COL_PV,
     )
 
 
@@ -589,7 +606,7 @@ def quantize_block(
     Y_MANT: tl.constexpr, Y_SUB_MAGIC: tl.constexpr, Y_SUB_MIN: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_SHIFT: tl.constexpr, Y_ROW_HEAD: tl.constexpr, Y_COL_MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROW_STAGES: tl.constexpr, TILES: tl.constexpr, COL_FMA: tl.constexpr,
-    COL_PREFETCH: tl.constexpr = False,
+    COL_PREFETCH: tl.constexpr = False, X_COL_PV: tl.constexpr = False, Y_COL_PV: tl.constexpr = False,
 ):
     """The copies of TILES tiles from tile ``tile`` of (sequence·head ``bh``, operand ``op``: X or
     Y), :func:`quantize_kernel`'s arguments; nothing where the tile starts past the sequence."""
@@ -606,14 +623,14 @@ def quantize_block(
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, X_ROW, X_COL, POW2, X_FMAX, X_DTYPE, X_MANT,
                            X_SUB_MAGIC, X_SUB_MIN, CVT, X_ROTATE, X_SHIFT, X_ROW_HEAD, X_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH)
+                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH, X_COL_PV)
         else:
             _quantize_tile(y_ptr + row * syb + h * syh, sys_, syd, y_row_codes_ptr, y_row_scales_ptr, y_col_codes_ptr,
                            y_col_scales_ptr, h_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
                            bhi, sh, tile, start, length, slot, S, D, S_PAD, NT,
                            BLOCK_S, BLOCK_D, ROW_CHUNK, COL_GROUP, Y_ROW, Y_COL, POW2, Y_FMAX, Y_DTYPE, Y_MANT,
                            Y_SUB_MAGIC, Y_SUB_MIN, CVT, Y_ROTATE, Y_SHIFT, Y_ROW_HEAD, Y_COL_MODE, DOT_DTYPE,
-                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH)
+                           ROW_STAGES, TILES, COL_FMA, COL_PREFETCH, Y_COL_PV)
 
 
 @functools.lru_cache(maxsize=None)  # a few entries (head dims x dtypes x devices), never evicted while in use
@@ -683,8 +700,10 @@ class Copies(NamedTuple):
     ``rotate`` / ``shift``: the row-wise copy quantizes ``xH − shift`` (Hadamard rotation; the
     subtracted vector of the statistics, e.g. the rotated key mean). ``row_head``: one row-wise
     scale per (sequence, head). ``col_mode``: channel-wise scales per tile (0), per channel of the
-    sequence (1), or one per (sequence, head) (2). Every option but the defaults needs the operand's
-    :class:`.sequence_stats.SequenceStats`.
+    sequence (1), or one per (sequence, head) (2). Every option but the defaults and ``col_pv`` needs
+    the operand's :class:`.sequence_stats.SequenceStats`. ``col_pv``: the channel-wise copy's tokens
+    in the order the Gluon kernels take their A operands in place (:func:`pv_token_order`; dense
+    batches, lengths a multiple of 16), the same codes and scales.
     """
 
     row: bool
@@ -694,6 +713,7 @@ class Copies(NamedTuple):
     shift: bool = False
     row_head: bool = False
     col_mode: int = 0
+    col_pv: bool = False
 
     @property
     def needs_stats(self) -> bool:
@@ -710,7 +730,8 @@ def _copies_meta(copies: Copies, prefix: str) -> dict:
             f"{prefix}_DTYPE": TL_FP8[copies.fmt], **cast_meta(copies.fmt, prefix),
             f"{prefix}_ROTATE": copies.row and copies.rotate, f"{prefix}_SHIFT": copies.row and copies.shift,
             f"{prefix}_ROW_HEAD": copies.row and copies.row_head,
-            f"{prefix}_COL_MODE": copies.col_mode if copies.col else 0}
+            f"{prefix}_COL_MODE": copies.col_mode if copies.col else 0,
+            f"{prefix}_COL_PV": copies.col and copies.col_pv}
 
 
 def _alloc_copies(x: torch.Tensor, copies: Copies, dp: int, s_pad: int, n_slots: int, varlen: bool):
@@ -852,6 +873,9 @@ def plan_quantize(
     stats = tuple(stats) if stats is not None else (None,) * len(xs)
     stat_args = []
     for c, st in zip(copies, stats):
+        if c.col and c.col_pv and (varlen or seq % 16):
+            raise ValueError(f"{fn}: the P·V token order (Copies.col_pv) needs a dense batch whose length is a "
+                             f"multiple of 16, got {'a packed batch' if varlen else f'{seq} tokens'}")
         if c.needs_stats and st is None:
             raise ValueError(f"{fn}: {c} needs the operand's sequence statistics")
         stat_args.append((dummy, dummy, dummy) if st is None else tuple(st))
