@@ -259,3 +259,44 @@ def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, m
     assert qc.col_pv is dkdv and doc.col_pv is dkdv
     assert kc.col_pv is (dq and not one_sweep)
     assert not vc.col_pv
+
+
+@pytest.mark.parametrize("dq", [True, False])
+def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, monkeypatch):
+    """A forward that hands K's copies over (``forward.HAND_OVER_KV_COPIES``) makes K's channel-wise
+    copy in the order the backward's dQ launch will take (``backward.dq_keys_in_pv_order``)."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(xs, copies, **kwargs):
+        seen.append(copies)
+        raise Stop
+
+    monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
+    monkeypatch.setattr(forward, "takes_kv_copies", lambda *args: True)
+    monkeypatch.setattr(forward, "gluon_runs", lambda *args: False)
+    monkeypatch.setattr(backward, "_gluon_runs", lambda module, key, *args: dq and key == "gluon_dq")
+    monkeypatch.setattr(forward, "stats_then_copies", spy)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(Stop):
+        forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"),
+                               for_backward={})
+    (k_copies, v_copies), = seen
+    assert k_copies.col and k_copies.col_pv is dq
+    assert not v_copies.col_pv  # the Triton forward: Vᵀ in token order
+
+
+def test_a_handed_over_copy_in_the_other_order_is_refused(monkeypatch):
+    """K's channel-wise copy handed over in the Gluon dQ's order meets a backward whose dQ launch takes
+    token order: a RuntimeError naming both, not a wrong gradient (K and V may be stand-ins then, so
+    no copy can be made instead)."""
+    monkeypatch.setattr(backward, "_gluon_runs", lambda *args: False)
+    monkeypatch.setattr(backward, "stats_then_copies", lambda xs, copies, **kwargs: (None, [(None, ) * 5] * 2))
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    handed = [((None, ) * 5, (None, ) * 5, True)]
+    with pytest.raises(RuntimeError, match="handed over by the forward.*Gluon dQ's operand order.*token order"):
+        backward.triton_backward(q, q, q, q, torch.zeros(1, 2, 256), q, scale=1.0, mask=CAUSAL,
+                                 config=FP8AttentionConfig.from_recipe("fp8_delta"), kv_copies=handed)
+    assert handed == []  # taken out, as a matching one is

@@ -374,10 +374,10 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     dkdv_gluon = _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta)
     # The Gluon dQ and dK/dV launches take their A operands in place (their A_IN_PLACE): K's channel-
     # wise copy, read by dQ alone, then holds its keys, Q's and dO's, read by dK/dV alone, their
-    # queries in that order (quantize.Copies.col_pv). K's copy handed over by the forward keeps its
-    # keys in token order.
+    # queries in that order (quantize.Copies.col_pv); a forward that hands K's copy over made it so
+    # (dq_keys_in_pv_order).
     queries_in_pv_order = dkdv_gluon and backward_dkdv_gluon.A_IN_PLACE
-    keys_in_pv_order = dq_gluon and not one_sweep and backward_dq_gluon.A_IN_PLACE and not kv_copies
+    keys_in_pv_order = _keys_in_pv_order(config, dq_gluon)
     qc = backward_q_copies(config)._replace(col_pv=queries_in_pv_order)
     doc = copies_for("do", config, row=True, col=True)._replace(col_pv=queries_in_pv_order)
     kc, vc = backward_kv_copies(config)
@@ -391,7 +391,11 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
         _, qdo = stats_then_copies((q, dout), (qc, doc), block=bq, pow2=pow2, cu_seqlens=cq, max_seqlen=max_q)
     (qr, qrs, qct, qcs, toff_q), (dor, dors, doct, docs, _) = qdo
     if kv_copies:  # the forward's launch made them from the same statistics: the same codes
-        kv = kv_copies.pop()
+        *kv, handed_order = kv_copies.pop()
+        if handed_order != keys_in_pv_order:  # (K and V may be stand-ins: no copies can be made here)
+            order = {True: "the Gluon dQ's operand order", False: "token order"}
+            raise RuntimeError(f"triton_backward: K's channel-wise copy handed over by the forward holds its keys "
+                               f"in {order[handed_order]}, this backward's dQ launch takes {order[keys_in_pv_order]}")
     elif kv_stats is not None:
         kv = quantize_operands((k, v), (kc, vc), block=bk, pow2=pow2, cu_seqlens=ck, max_seqlen=max_k, stats=kv_stats)
     else:
@@ -499,6 +503,20 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     return dq, dk, dv
 
 
+def dq_keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
+    """Whether the FP8 backward's dQ launch on ``q``, ``k`` takes K's channel-wise copy with its keys in
+    the order the Gluon kernel takes dS's codes in place (``quantize.Copies.col_pv``): the order a
+    forward that hands K's copies over (:func:`takes_kv_copies`) makes that copy in. ``mod_meta``:
+    ``LogitMods.meta`` of the call."""
+    return _keys_in_pv_order(config, _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta))
+
+
+def _keys_in_pv_order(config: FP8AttentionConfig, dq_gluon: bool) -> bool:
+    """K's channel-wise copy in the Gluon dQ's operand order: where that launch runs dQ (``dq_gluon``;
+    not the one-sweep dQ of ``dq_in_stats``) and takes dS's codes in place."""
+    return dq_gluon and not config.dq_in_stats and backward_dq_gluon.A_IN_PLACE
+
+
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
     """Whether ``module``'s Gluon kernel (backward_stats_gluon, backward_dq_gluon or
     backward_dkdv_gluon) does this launch's work, ``LAUNCH[key]`` listing the head dims it is
@@ -580,7 +598,9 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
             read dO alone instead of Q and dO. None: computed here.
         kv_copies: what the forward left under ``for_backward["kv_copies"]`` where
             :func:`takes_kv_copies` held (``forward.HAND_OVER_KV_COPIES``): a one-item list of K's
-            and V's copies, which this backward takes out (emptying the list), so that each copy is
+            and V's copies and whether K's channel-wise copy holds its keys in the Gluon dQ's order
+            (:func:`dq_keys_in_pv_order`; a RuntimeError where this backward takes the other), which
+            this backward takes out (emptying the list), so that each copy is
             freed after its last reader as its own would be. It makes no K/V copies of its own then,
             and runs in one pass (never chunked): k and v are then read for their shapes and dtypes
             only (without soft-cap and sinks, whose statistics read K).

@@ -81,7 +81,7 @@ from .quantize import (
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies
 from . import forward_gluon
-from .backward import takes_kv_copies
+from .backward import dq_keys_in_pv_order, takes_kv_copies
 from .gluon_hopper import gluon_runs
 
 # The block-free recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
@@ -564,7 +564,9 @@ def triton_forward(
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
     use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
                                            "triton_forward")
-    k_copies = copies_for("k", config, row=True, col=hand_over)
+    # K's channel-wise copy (the backward's, handed over) in the order its dQ launch takes.
+    k_copies = copies_for("k", config, row=True, col=hand_over)._replace(
+        col_pv=hand_over and dq_keys_in_pv_order(q, k, mask, config, mods.meta()))
     # The Gluon kernel takes Vᵀ's keys in its P·V order (quantize.pv_token_order; forward_gluon.P_IN_PLACE).
     v_copies = copies_for("v", config, row=hand_over, col=True)._replace(col_pv=use_gluon and forward_gluon.P_IN_PLACE)
     kv_stats, (k_all, v_all) = stats_then_copies(
@@ -574,7 +576,7 @@ def triton_forward(
     if for_backward is not None:
         for_backward["kv_stats"] = kv_stats
         if hand_over:  # a list the backward empties, so that it can free each copy after its last reader
-            for_backward["kv_copies"] = [(k_all, (*v_all[:2], None, None, None))]  # (V's Vᵀ copy: F2 only)
+            for_backward["kv_copies"] = [(k_all, (*v_all[:2], None, None, None), k_copies.col_pv)]  # (Vᵀ: F2 only)
     q_codes = q_scales = q  # dummies, never read unless Q is quantized first
     q_stats = (None, )
     # The Gluon kernel makes the rotated Q's codes itself (forward_gluon.QUANTIZE_Q).
