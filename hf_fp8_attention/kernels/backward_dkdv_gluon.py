@@ -77,7 +77,7 @@ LAYOUTS = {"kv_shared_q64_merged": (False, 64, True, False), "kv_shared_q64_merg
 # Pᵀ's and dSᵀ's codes handed to dV's and dK's products in the registers their accumulators put them in
 # (gluon_hopper.a_operand_in_place; dO's and Q's channel-wise copies written with their queries in that
 # order, ``quantize.Copies.col_pv``) instead of moved to the FP8 A operand's layout: offline (sm_90a,
-# Triton 3.6) 352 -> 304 instructions per query tile.
+# Triton 3.6) 352 -> 303 instructions per query tile.
 A_IN_PLACE = True
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
