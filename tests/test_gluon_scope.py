@@ -202,29 +202,39 @@ def test_the_forward_quantizes_rotated_16_bit_q_itself(monkeypatch):
     assert "QUANTIZE_Q" in reason(q, delta, True)
 
 
+class _Stop(Exception):
+    """Raised by :func:`_copies_spy` once it has seen its launches."""
+
+
+def _copies_spy(calls: int = 1):
+    """A stand-in for ``stats_then_copies``: records each call's ``Copies`` in the list it returns and
+    raises :class:`_Stop` from call ``calls`` on (earlier calls get empty copies), so that no kernel runs."""
+    seen = []
+
+    def spy(xs, copies, **kwargs):
+        seen.append(copies)
+        if len(seen) >= calls:
+            raise _Stop
+        return None, [(None, ) * 5] * 2
+
+    return seen, spy
+
+
 @pytest.mark.parametrize("gluon", [True, False])
 def test_vt_comes_in_the_gluon_forwards_pv_order(gluon, monkeypatch):
     """Where the Gluon forward runs, the K/V launch writes Vᵀ's keys in its P·V order
     (``Copies.col_pv``, the order ``gluon_hopper.a_operand_in_place`` takes P's codes in); the Triton
     forward takes them in token order."""
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def spy(xs, copies, **kwargs):
-        seen.append(copies)
-        raise Stop
-
+    seen, spy = _copies_spy()
     monkeypatch.setattr(forward, "gluon_runs", lambda *args: gluon)
     monkeypatch.setattr(forward, "stats_then_copies", spy)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
     k_copies, v_copies = seen[0]
     assert v_copies.col and v_copies.col_pv is gluon
     monkeypatch.setattr(forward_gluon, "P_IN_PLACE", False)  # P moved to the A operand's layout instead
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
     assert not seen[-1][1].col_pv
     assert not k_copies.col_pv
@@ -236,24 +246,14 @@ def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, m
     """Where the Gluon dQ launch runs, K's channel-wise copy holds its keys in the order it takes dS's
     codes in, and where the Gluon dK/dV launch runs, Q's and dO's theirs (``Copies.col_pv``); the
     Triton launches (and the one-sweep dQ) take token order."""
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def spy(xs, copies, **kwargs):
-        seen.append(copies)
-        if len(seen) == 2:
-            raise Stop
-        return None, [(None, ) * 5] * 2
-
+    seen, spy = _copies_spy(calls=2)
     runs = {"gluon_dq": dq, "gluon_dkdv": dkdv}
     monkeypatch.setattr(backward, "_gluon_runs", lambda module, key, *args: runs.get(key, False))
     monkeypatch.setattr(backward, "stats_then_copies", spy)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 256)
     config = FP8AttentionConfig.from_recipe("fp8_delta", dq_in_stats=one_sweep)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         backward.triton_backward(q, q, q, q, lse, q, scale=1.0, mask=CAUSAL, config=config)
     (qc, doc), (kc, vc) = seen
     assert qc.col_pv is dkdv and doc.col_pv is dkdv
@@ -265,22 +265,14 @@ def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, m
 def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, monkeypatch):
     """A forward that hands K's copies over (``forward.HAND_OVER_KV_COPIES``) makes K's channel-wise
     copy in the order the backward's dQ launch will take (``backward.dq_keys_in_pv_order``)."""
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def spy(xs, copies, **kwargs):
-        seen.append(copies)
-        raise Stop
-
+    seen, spy = _copies_spy()
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
     monkeypatch.setattr(forward, "takes_kv_copies", lambda *args: True)
     monkeypatch.setattr(forward, "gluon_runs", lambda *args: False)
     monkeypatch.setattr(backward, "_gluon_runs", lambda module, key, *args: dq and key == "gluon_dq")
     monkeypatch.setattr(forward, "stats_then_copies", spy)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"),
                                for_backward={})
     (k_copies, v_copies), = seen
