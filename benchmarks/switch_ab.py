@@ -15,7 +15,8 @@ entry points called as they are; ``fwdbwd_saved``: both as autograd runs them (`
     python benchmarks/switch_ab.py --switch forward_gluon.PERSISTENT --set forward_gluon.QUANTIZE_Q_NONCAUSAL=1
     python benchmarks/switch_ab.py --op bwd --switch backward_dq_gluon.PERSISTENT+backward_stats_gluon.PERSISTENT
 
-Shapes: ``--tokens`` per batch (B = tokens // S), H heads, head dim 128, bf16, causal and not. Before
+Shapes: ``--tokens`` per batch (B = tokens // S), H heads, head dim ``--dim`` (128; 64 times the Triton
+kernels, e.g. ``--dim 64 --switch forward.P_IN_PLACE_TRITON``), bf16, causal and not. Before
 timing, each recipe's outputs with the switches on and off are compared bit for bit (the switches
 change speed only). Writes ``TAG.md`` and ``TAG.json``.
 """
@@ -141,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--seqlens", default="8192,16384")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128, help="head dim")
     p.add_argument("--configs", default="fp8_delta,fp8_delta_fast")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep", type=int, default=100, help="do_bench_cudagraph repetitions, ms")
@@ -154,7 +156,7 @@ def main(argv=None) -> int:
     defaults = {key: getattr(*key) for key in (*flip, *keep)}
     for (module, attr), value in keep.items():
         setattr(module, attr, value)
-    d = 128
+    d = args.dim
     rows = []
     gpu = torch.cuda.get_device_name()
     label = "+".join(f"{m.__name__.rsplit('.', 1)[-1]}.{a}" for m, a in flip)

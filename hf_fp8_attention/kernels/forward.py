@@ -100,6 +100,11 @@ HAND_OVER_KV_COPIES = False
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
 REF_SLACK = 32.0
+# The Triton kernel takes P's codes to P·V in their accumulator's order (_p_in_pv_order), Vᵀ's keys
+# written to match (quantize.Copies.col_pv), on dense batches whose key length is a multiple of 16:
+# offline (sm_90a, Triton 3.6, d = 64, 64 x 4 warps, causal) the interior loop 913 -> 880
+# instructions (SHFL 24 -> 8, SEL 16 -> 0). Off until timed on a GPU.
+P_IN_PLACE_TRITON = False
 
 
 @triton.jit
@@ -111,11 +116,13 @@ def _visit_tiles(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr,
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr, INTERPRET: tl.constexpr,
-    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, FMA_EXP: tl.constexpr,
+    ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, FMA_EXP: tl.constexpr, P_IN_PLACE: tl.constexpr = False,
 ):
     """Fold key tiles ``t_lo <= t < t_hi`` into the running (acc, l, m, r); mask only if MASKED.
     m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring). FMA_EXP: each
     exponent as one FMA from the log2 units (:mod:`.exponent`; K_HEAD without logit modifiers).
+    P_IN_PLACE: Vᵀ's keys come in the order of ``quantize.pv_token_order`` and P's codes are put in
+    that order (:func:`_p_in_pv_order`) before P·V.
 
     ROW_SHIFT / SOFTCAP: x with the row constants ``shift_x`` added back and capped at ``cap_x``
     (both (BLOCK_M,), x units; module docstring) before the mask and the row max.
@@ -206,6 +213,8 @@ def _visit_tiles(
         # joins with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
+        if P_IN_PLACE:
+            p_codes = _p_in_pv_order(p_codes, BLOCK_N)
         if V_SEQ:
             # The MMA accumulates into acc itself: Triton then keeps it asynchronous across iterations.
             acc = tl.dot(p_codes, v_codes, acc * gamma[:, None])
@@ -218,6 +227,16 @@ def _visit_tiles(
 
 
 @triton.jit
+def _p_in_pv_order(p_codes, BLOCK_N: tl.constexpr):
+    """P's codes (BLOCK_M, BLOCK_N) with their key columns in ``quantize.pv_token_order``'s order
+    (in each aligned 16, column 4q + 2i + b takes key 8i + 2q + b): an MMA accumulator's columns
+    then reach the A operand of P·V without moving between threads (offline, sm_90a, d = 64: 16
+    shuffles and 16 selects a tile fewer; forward_gluon's P_IN_PLACE)."""
+    p_codes = tl.reshape(p_codes, (p_codes.shape[0], BLOCK_N // 16, 2, 4, 2))
+    return tl.reshape(tl.permute(p_codes, (0, 1, 3, 2, 4)), (p_codes.shape[0], BLOCK_N))
+
+
+@triton.jit
 def _visit_all(
     acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base, vs_base, S_PAD, k_desc, vt_desc,
     k_row0, vt_row0, k_start, shift_x, cap_x, t_lo, f_lo, f_hi, t_hi, kv_len, window, fma,
@@ -225,6 +244,7 @@ def _visit_all(
     LOG2_PMAX: tl.constexpr, P_DTYPE: tl.constexpr, P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr,
     P_SUB_MIN: tl.constexpr, CVT: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
     INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, FMA_EXP: tl.constexpr,
+    P_IN_PLACE: tl.constexpr = False,
 ):
     """A program's key tiles (:func:`key_tile_range`: ``t_lo <= f_lo <= f_hi <= t_hi``) into its running
     (acc, l, m, r): leading masked tiles (window edge), fully visible tiles, trailing masked tiles
@@ -240,18 +260,18 @@ def _visit_all(
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
                                           t_lo, f_lo, kv_len, window, fma, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
                                           LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP, P_IN_PLACE)
     acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
                                       vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
                                       f_lo, f_hi, kv_len, window, fma, False, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
                                       LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
+                                      V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP, P_IN_PLACE)
     if CAUSAL or HAS_WINDOW or not KV_ALIGNED:
         acc, l_i, m_i, r_i = _visit_tiles(acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base,
                                           vs_base, S_PAD, k_desc, vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x,
                                           f_hi, t_hi, kv_len, window, fma, True, TMA, CAUSAL, HAS_WINDOW, BLOCK_N, BLOCK_D,
                                           LOG2_PMAX, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP)
+                                          V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_EXP, P_IN_PLACE)
     return acc, l_i, m_i, r_i
 
 
@@ -272,7 +292,7 @@ def _fwd_kernel(
     P_MANT: tl.constexpr, P_SUB_MAGIC: tl.constexpr, P_SUB_MIN: tl.constexpr, CVT: tl.constexpr,
     REF_SLACK: tl.constexpr, KV_ALIGNED: tl.constexpr, K_HEAD: tl.constexpr, V_SEQ: tl.constexpr,
     Q_CODES: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
-    SINK: tl.constexpr, FMA_BOUND: tl.constexpr = 0.0,
+    SINK: tl.constexpr, FMA_BOUND: tl.constexpr = 0.0, P_IN_PLACE: tl.constexpr = False,
 ):
     """One program per (query tile, batch·query head). qk_scale = τ·log2 e (times the rotation's
     1/block). Q_CODES: Q comes quantized by the quantization kernel (rotated, with per-token or
@@ -282,7 +302,7 @@ def _fwd_kernel(
     with TMA (the codes tensors themselves otherwise). SOFTCAP / ROW_SHIFT / SINK: the logit
     modifiers (module docstring): ``softcap`` c₂, ``shift_ptr`` (B, Hq, Sq) and ``sinks_ptr`` (Hq,)
     in log2 units. FMA_BOUND: :mod:`.exponent` (0: the exact exponent only; K_HEAD without the
-    modifiers)."""
+    modifiers). P_IN_PLACE: :func:`_visit_tiles`."""
     n_m = tl.num_programs(0)
     # Heaviest (last, under a causal mask) query tiles first: better tail balance.
     m_blk = n_m - 1 - tl.program_id(0)
@@ -373,7 +393,7 @@ def _fwd_kernel(
         acc, l_i, m_i, r_i, q_codes, q_scale2, slack_x, pos_q, k_base, ks_base, vt_base, vs_base, S_PAD, k_desc,
         vt_desc, k_row0, vt_row0, k_start, shift_x, cap_x, t_lo, f_lo, f_hi, t_hi, kv_len, window, fma, TMA, CAUSAL,
         HAS_WINDOW, BLOCK_N, BLOCK_D, LOG2_PMAX, Q_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT, KV_ALIGNED, K_HEAD,
-        V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_BOUND > 0.0)
+        V_SEQ, INTERPRET, ROW_SHIFT, SOFTCAP, FMA_BOUND > 0.0, P_IN_PLACE)
 
     empty = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
     if V_SEQ:
@@ -567,8 +587,11 @@ def triton_forward(
     # K's channel-wise copy (the backward's, handed over) in the order its dQ launch takes.
     k_copies = copies_for("k", config, row=True, col=hand_over)._replace(
         col_pv=hand_over and dq_keys_in_pv_order(q, k, mask, config, mods.meta()))
-    # The Gluon kernel takes Vᵀ's keys in its P·V order (quantize.pv_token_order; forward_gluon.P_IN_PLACE).
-    v_copies = copies_for("v", config, row=hand_over, col=True)._replace(col_pv=use_gluon and forward_gluon.P_IN_PLACE)
+    # Vᵀ's keys in the P·V order of the kernel that runs (quantize.pv_token_order): the Gluon one's
+    # (forward_gluon.P_IN_PLACE), the Triton one's with P_IN_PLACE_TRITON.
+    triton_pv = not use_gluon and P_IN_PLACE_TRITON and not varlen and sk % 16 == 0
+    v_copies = copies_for("v", config, row=hand_over, col=True)._replace(
+        col_pv=(use_gluon and forward_gluon.P_IN_PLACE) or triton_pv)
     kv_stats, (k_all, v_all) = stats_then_copies(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
         max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config))
@@ -642,6 +665,7 @@ def triton_forward(
     # The one-FMA exponent (exponent.py): block-free K (its scale in the row factor), no logit modifiers.
     plain_logits = not (meta["SOFTCAP"] or meta["ROW_SHIFT"] or meta["SINK"])
     meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and plain_logits else 0.0
+    meta["P_IN_PLACE"] = triton_pv
 
     def launch(cfg: tuple[int, int, int]) -> None:
         bm, warps, stages = cfg
@@ -656,7 +680,7 @@ def triton_forward(
         pinned = _pinned_launch(meta["BLOCK_D"])
         key = (bn, meta["BLOCK_D"], meta["CAUSAL"], meta["HAS_WINDOW"], varlen, meta["POW2"], q.dtype, tma,
                meta["K_HEAD"], meta["V_SEQ"], meta["Q_CODES"], meta["SOFTCAP"], meta["ROW_SHIFT"], meta["SINK"],
-               meta["FMA_BOUND"],
+               meta["FMA_BOUND"], triton_pv,
                length_bucket(max(rows, max_k if varlen else sk)),
                wave_bucket(cdiv(rows, 64) * n_prog1, sm_count(q.device.index)))
         launch(pinned or FORWARD_TUNER.pick(key, launch, autotune_space(meta["BLOCK_D"])))
