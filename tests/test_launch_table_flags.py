@@ -158,9 +158,7 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     import argparse
 
     import recipe_names
-    from hf_fp8_attention.kernels import forward_gluon
-
-    from hf_fp8_attention.kernels import forward
+    from hf_fp8_attention.kernels import forward, forward_gluon
 
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
     monkeypatch.setattr(forward_gluon, "PERSISTENT", True)

@@ -369,15 +369,14 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     # same kernels as the forward's, so the codes of Q and K for QKᵀ are the forward's.
     mod_meta = mods.meta()
     kv_meta = {key: value for key, value in mod_meta.items() if key != "SINK"}  # in LSE' and LSE'^do already
-    one_sweep = config.dq_in_stats
-    dq_gluon = not debug and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta)
+    dq_gluon = _dq_runs_gluon(q, k, mask, config, mod_meta, debug)
     dkdv_gluon = _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta)
     # The Gluon dQ and dK/dV launches take their A operands in place (their A_IN_PLACE): K's channel-
     # wise copy, read by dQ alone, then holds its keys, Q's and dO's, read by dK/dV alone, their
     # queries in that order (quantize.Copies.col_pv); a forward that hands K's copy over made it so
     # (dq_keys_in_pv_order).
     queries_in_pv_order = dkdv_gluon and backward_dkdv_gluon.A_IN_PLACE
-    keys_in_pv_order = _keys_in_pv_order(config, dq_gluon)
+    keys_in_pv_order = dq_gluon and backward_dq_gluon.A_IN_PLACE
     qc = backward_q_copies(config)._replace(col_pv=queries_in_pv_order)
     doc = copies_for("do", config, row=True, col=True)._replace(col_pv=queries_in_pv_order)
     kc, vc = backward_kv_copies(config)
@@ -421,6 +420,7 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     # one sweep forms them with dQ, and folds the bound as that launch does).
     ds_head = config.ds_scales is Granularity.HEAD
     ds_bound = torch.zeros(n_seq * hq, dtype=torch.int32, device=q.device) if ds_head else lse2
+    one_sweep = config.dq_in_stats
     if one_sweep:
         dq_passes = ((True, True, "dq_sweep"),)
     elif (matched and LAUNCH["split_dq_stats"]) or ds_head:
@@ -508,13 +508,14 @@ def dq_keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_me
     the order the Gluon kernel takes dS's codes in place (``quantize.Copies.col_pv``): the order a
     forward that hands K's copies over (:func:`takes_kv_copies`) makes that copy in. ``mod_meta``:
     ``LogitMods.meta`` of the call."""
-    return _keys_in_pv_order(config, _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta))
+    return _dq_runs_gluon(q, k, mask, config, mod_meta) and backward_dq_gluon.A_IN_PLACE
 
 
-def _keys_in_pv_order(config: FP8AttentionConfig, dq_gluon: bool) -> bool:
-    """K's channel-wise copy in the Gluon dQ's operand order: where that launch runs dQ (``dq_gluon``;
-    not the one-sweep dQ of ``dq_in_stats``) and takes dS's codes in place."""
-    return dq_gluon and not config.dq_in_stats and backward_dq_gluon.A_IN_PLACE
+def _dq_runs_gluon(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict, debug: bool = False) -> bool:
+    """Whether the Gluon kernel runs the FP8 backward's dQ launch: not the debug launch (it writes the
+    row sums' diagnostics), nor the one-sweep dQ of ``dq_in_stats``."""
+    return (not debug and not config.dq_in_stats
+            and _gluon_runs(backward_dq_gluon, "gluon_dq", q, k, mask, config, mod_meta))
 
 
 def _gluon_runs(module, key: str, q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:

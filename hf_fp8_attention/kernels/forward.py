@@ -77,7 +77,7 @@ from .logit_mods import logit_mods, soft_cap
 from .tiles import cdiv, check_compiled_blocks, has_tma, key_tile_range, next_pow2, sm_count, visible
 from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
-    quantize_operands, scale_from_amax, to_fp8,
+    pv_token_order, quantize_operands, scale_from_amax, to_fp8,
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies
 from . import forward_gluon
@@ -100,7 +100,7 @@ HAND_OVER_KV_COPIES = False
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
 # max is formed relative to (running max − G); its weight 2^-G·BLOCK_N is under fp32 rounding.
 REF_SLACK = 32.0
-# The Triton kernel takes P's codes to P·V in their accumulator's order (_p_in_pv_order), Vᵀ's keys
+# The Triton kernel takes P's codes to P·V in their accumulator's order (pv_token_order), Vᵀ's keys
 # written to match (quantize.Copies.col_pv), on dense batches whose key length is a multiple of 16:
 # offline (sm_90a, Triton 3.6, d = 64, 64 x 4 warps, causal) the interior loop 913 -> 880
 # instructions (SHFL 24 -> 8, SEL 16 -> 0). Off until timed on a GPU.
@@ -122,7 +122,7 @@ def _visit_tiles(
     m and r are in the units of x (``slack_x`` = REF_SLACK / q2; module docstring). FMA_EXP: each
     exponent as one FMA from the log2 units (:mod:`.exponent`; K_HEAD without logit modifiers).
     P_IN_PLACE: Vᵀ's keys come in the order of ``quantize.pv_token_order`` and P's codes are put in
-    that order (:func:`_p_in_pv_order`) before P·V.
+    that order before P·V.
 
     ROW_SHIFT / SOFTCAP: x with the row constants ``shift_x`` added back and capped at ``cap_x``
     (both (BLOCK_M,), x units; module docstring) before the mask and the row max.
@@ -213,8 +213,8 @@ def _visit_tiles(
         # joins with its channel scales only (per element a multiply and an FMA instead of two and an FMA).
         l_i = l_i * gamma + tl.sum(p, 1)
         p_codes = fp8_cast(p, P_DTYPE, P_MANT, P_SUB_MAGIC, P_SUB_MIN, CVT)  # p <= 448: no clamp
-        if P_IN_PLACE:
-            p_codes = _p_in_pv_order(p_codes, BLOCK_N)
+        if P_IN_PLACE:  # the key columns in Vᵀ's order: an accumulator's columns reach P·V in place
+            p_codes = pv_token_order(p_codes, 1)
         if V_SEQ:
             # The MMA accumulates into acc itself: Triton then keeps it asynchronous across iterations.
             acc = tl.dot(p_codes, v_codes, acc * gamma[:, None])
@@ -224,16 +224,6 @@ def _visit_tiles(
         m_i = m_new
         r_i = r_t
     return acc, l_i, m_i, r_i
-
-
-@triton.jit
-def _p_in_pv_order(p_codes, BLOCK_N: tl.constexpr):
-    """P's codes (BLOCK_M, BLOCK_N) with their key columns in ``quantize.pv_token_order``'s order
-    (in each aligned 16, column 4q + 2i + b takes key 8i + 2q + b): an MMA accumulator's columns
-    then reach the A operand of P·V without moving between threads (offline, sm_90a, d = 64: 16
-    shuffles and 16 selects a tile fewer; forward_gluon's P_IN_PLACE)."""
-    p_codes = tl.reshape(p_codes, (p_codes.shape[0], BLOCK_N // 16, 2, 4, 2))
-    return tl.reshape(tl.permute(p_codes, (0, 1, 3, 2, 4)), (p_codes.shape[0], BLOCK_N))
 
 
 @triton.jit
@@ -582,11 +572,12 @@ def triton_forward(
     hand_over = (for_backward is not None and HAND_OVER_KV_COPIES and hand_over_copies
                  and takes_kv_copies(q, k, mask, config))
     mods = logit_mods(q, k, scale, mask, config, softcap, sinks)
-    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mods.meta(),
+    mod_meta = mods.meta()
+    use_gluon = block_m is None and gluon_runs(forward_gluon, GLUON_FORWARD, q, k, mask, config, mod_meta,
                                            "triton_forward")
     # K's channel-wise copy (the backward's, handed over) in the order its dQ launch takes.
     k_copies = copies_for("k", config, row=True, col=hand_over)._replace(
-        col_pv=hand_over and dq_keys_in_pv_order(q, k, mask, config, mods.meta()))
+        col_pv=hand_over and dq_keys_in_pv_order(q, k, mask, config, mod_meta))
     # Vᵀ's keys in the P·V order of the kernel that runs (quantize.pv_token_order): the Gluon one's
     # (forward_gluon.P_IN_PLACE), the Triton one's with P_IN_PLACE_TRITON.
     triton_pv = not use_gluon and P_IN_PLACE_TRITON and not varlen and sk % 16 == 0
@@ -661,7 +652,7 @@ def triton_forward(
         qk_scale, window, softcap2,
     )
     meta = {**_kernel_meta(config, d, bool(mask.causal), mask.window is not None, varlen, cvt_mode(), tma,
-                           not varlen and sk % config.block_k == 0), **mods.meta()}
+                           not varlen and sk % config.block_k == 0), **mod_meta}
     # The one-FMA exponent (exponent.py): block-free K (its scale in the row factor), no logit modifiers.
     plain_logits = not (meta["SOFTCAP"] or meta["ROW_SHIFT"] or meta["SINK"])
     meta["FMA_BOUND"] = fma_bound(triton=True) if meta["K_HEAD"] and plain_logits else 0.0

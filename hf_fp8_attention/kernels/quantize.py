@@ -531,21 +531,29 @@ def _col_cast_store(
     c_codes = to_fp8(x, c_scale[None, :], FMAX, DTYPE, MANT, SUB_MAGIC, SUB_MIN, CVT, COL_FMA and COL_MODE != 0)
     tl.store(col_scales_ptr + (bhi * NT + slot) * BLOCK_D + chan, c_scale, mask=tile * BLOCK_S + 0 * chan < length)
     if COL_PV:  # (tiles start at multiples of 16; the caller checked the length)
-        c_codes = pv_token_order(c_codes, BLOCK_S, COL_GROUP)
+        c_codes = pv_token_order(c_codes)
     c_ptrs = col_codes_ptr + (bhi * BLOCK_D + chan[None, :]) * S_PAD + tile_tok[:, None]
     tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
 
 
 @triton.jit
-def pv_token_order(codes, BLOCK_S: tl.constexpr, COLS: tl.constexpr):
-    """``codes`` (BLOCK_S tokens, COLS) with their tokens in the order of the Gluon kernels' A
-    operands taken in place (``Copies.col_pv``): in each aligned group of 16, position 4q + 2i + b
-    holds token 8i + 2q + b. A wgmma's accumulator gives thread q of a quad the columns 8i + 2q + b
-    of each 16, an FP8 A operand takes 4q + 2i + b: with the other operand's tokens in this order,
-    P's (dS's) codes feed the product from the registers they were computed in
-    (``gluon_hopper.a_operand_in_place``). Permuted in registers, so the store stays contiguous."""
-    codes = tl.reshape(codes, (BLOCK_S // 16, 2, 4, 2, COLS))  # token 16·g + 8i + 2q + b
-    return tl.reshape(tl.permute(codes, (0, 2, 1, 3, 4)), (BLOCK_S, COLS))
+def pv_token_order(x, AXIS: tl.constexpr = 0):
+    """``x`` (2-D) with its tokens along ``AXIS`` in the order of the Gluon kernels' A operands taken
+    in place (``Copies.col_pv``): in each aligned group of 16, position 4q + 2i + b holds token
+    8i + 2q + b. A wgmma's accumulator gives thread q of a quad the columns 8i + 2q + b of each 16,
+    an FP8 A operand takes 4q + 2i + b: with the other operand's tokens in this order, P's (dS's)
+    codes feed the product from the registers they were computed in
+    (``gluon_hopper.a_operand_in_place``). The channel-wise copies permute their (tokens, channels)
+    slices (AXIS 0) in registers, so that the store stays contiguous; the Triton forward permutes
+    P's key columns (AXIS 1)."""
+    ROWS: tl.constexpr = x.shape[0]
+    COLS: tl.constexpr = x.shape[1]
+    if AXIS == 0:
+        x = tl.reshape(x, (ROWS // 16, 2, 4, 2, COLS))  # token 16·g + 8i + 2q + b
+        return tl.reshape(tl.permute(x, (0, 2, 1, 3, 4)), (ROWS, COLS))
+    else:
+        x = tl.reshape(x, (ROWS, COLS // 16, 2, 4, 2))
+        return tl.reshape(tl.permute(x, (0, 1, 3, 2, 4)), (ROWS, COLS))
 
 
 @triton.jit
