@@ -45,7 +45,7 @@ from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_r
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_in_place, a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers,
+        a_operand_codes, a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers,
         scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
     )
 
@@ -215,26 +215,15 @@ if gluon is not None:
     def _dst_codes(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr,
                    pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
         """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') times its factor, in the A-operand layout of the dK
-        product (:func:`_a_codes`); the factor ``ds_mul`` (QDO_HEAD), else one per query from the
-        slot's ``dsf_slot``."""
+        product (IN_PLACE: Q's channel-wise copy holds its queries in the order they are taken in);
+        the factor ``ds_mul`` (QDO_HEAD), else one per query from the slot's ``dsf_slot``."""
         cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         delta = dl_slot.load(cols)
         if QDO_HEAD:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
         else:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * gl.expand_dims(dsf_slot.load(cols), 0)
-        return _a_codes(dst, pa_layout, IN_PLACE)
-
-    @gluon.jit
-    def _a_codes(x, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
-        """FP8 codes of ``x`` (keys x queries, an accumulator's layout; cvt.rn.satfinite, as
-        cast_saturating) as the A operand of a product over queries: in place (IN_PLACE: Q's and dO's
-        channel-wise copies hold their queries in the order gluon_hopper.a_operand_in_place takes)
-        or moved to ``pa_layout``."""
-        if IN_PLACE:
-            return a_operand_in_place(x.to(gl.float8e4nv), pa_layout)
-        else:
-            return gl.convert_layout(x.to(gl.float8e4nv), pa_layout)
+        return a_operand_codes(dst, pa_layout, IN_PLACE)
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
@@ -254,7 +243,7 @@ if gluon is not None:
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
                           s_layout)
-            p8 = _a_codes(pt, pa_layout, IN_PLACE)
+            p8 = a_operand_codes(pt, pa_layout, IN_PLACE)  # IN_PLACE: dO's copy in that order
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
             ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
@@ -281,7 +270,7 @@ if gluon is not None:
             slot = i % STAGES
             pt = _pt_tile(st, t, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, MASKED, QDO_HEAD, BLOCK_Q,
                           s_layout)
-            p8 = _a_codes(pt, pa_layout, IN_PLACE)
+            p8 = a_operand_codes(pt, pa_layout, IN_PLACE)  # IN_PLACE: dO's copy in that order
             dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
             ds8 = _dst_codes(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout,
                              pa_layout, IN_PLACE)

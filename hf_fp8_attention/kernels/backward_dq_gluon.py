@@ -32,7 +32,7 @@ from .persistent_schedule import launch_table
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_in_place, a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout,
+        a_operand_codes, a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout,
         persistent_query_side_codes, persistent_query_side_producer, program_entries, query_block,
         query_side_producer, ring_barriers, scheduled_block, warpgroup_mma, warpgroup_mma_wait,
     )
@@ -137,11 +137,8 @@ if gluon is not None:
                     keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
                     p = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), p, 0.0)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
-                ds8 = (p * (dp - gl.expand_dims(delta, 1))).to(gl.float8e4nv)
-                if IN_PLACE:  # K's channel-wise copy holds its keys in the order this takes
-                    ds8 = a_operand_in_place(ds8, pa_layout)
-                else:
-                    ds8 = gl.convert_layout(ds8, pa_layout)
+                # IN_PLACE: K's channel-wise copy holds its keys in the order dS's codes are taken in
+                ds8 = a_operand_codes(p * (dp - gl.expand_dims(delta, 1)), pa_layout, IN_PLACE)
                 dq = warpgroup_mma(ds8, kt_smem.index(slot).permute((1, 0)), dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
             mbarrier.arrive(empty.index(slot), count=1)

@@ -57,7 +57,7 @@ from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_in_place, a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn,
+        a_operand_codes, a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn,
         query_block, query_side_producer, ring_barriers, row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma,
         warpgroup_mma_wait,
     )
@@ -278,10 +278,7 @@ if gluon is not None:
             p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
         gamma = gl.exp2((r_i - r_ref) * q2)
         l_i = l_i * gamma + gl.sum(p, 1)
-        if P_IN_PLACE:  # p <= 448: no clamp
-            p8 = a_operand_in_place(p.to(gl.float8e4nv), pa_layout)
-        else:
-            p8 = gl.convert_layout(p.to(gl.float8e4nv), pa_layout)
+        p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
         return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
 
     @gluon.jit

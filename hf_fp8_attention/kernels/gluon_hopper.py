@@ -175,6 +175,18 @@ if gluon is not None:
         return gl.convert_layout(x8, a_layout)
 
     @gluon.jit
+    def a_operand_codes(x, a_layout: gl.constexpr, IN_PLACE: gl.constexpr):
+        """E4M3 codes of ``x`` (64, N) fp32 in a wgmma accumulator's layout (cvt.rn.satfinite, as
+        quantize.cast_saturating) as the A operand of a product in ``a_layout``: in place
+        (IN_PLACE, :func:`a_operand_in_place`: the other operand holds its contracted tokens in
+        that order) or moved to the layout."""
+        x8 = x.to(gl.float8e4nv)
+        if IN_PLACE:
+            return a_operand_in_place(x8, a_layout)
+        else:
+            return gl.convert_layout(x8, a_layout)
+
+    @gluon.jit
     def scale_from_amax(amax, POW2: gl.constexpr):
         """quantize.scale_from_amax for E4M3 (FMAX 448) in Gluon: amax / 448 floored at 2^-126
         (NaN kept), pow2: rounded up through the bits; 1 where amax == 0."""
