@@ -220,35 +220,39 @@ def _copies_spy(calls: int = 1):
     return seen, spy
 
 
-@pytest.mark.parametrize("gluon", [True, False])
-def test_vt_comes_in_the_gluon_forwards_pv_order(gluon, monkeypatch):
-    """Where the Gluon forward runs, the K/V launch writes Vᵀ's keys in its P·V order
-    (``Copies.col_pv``, the order ``gluon_hopper.a_operand_in_place`` takes P's codes in); the Triton
-    forward takes them in token order."""
+@pytest.mark.parametrize("gluon, triton_in_place", [(True, False), (False, True), (False, False)])
+def test_vt_comes_in_the_forwards_pv_order(gluon, triton_in_place, monkeypatch):
+    """The K/V launch writes Vᵀ's keys in the P·V order (``Copies.col_pv``) of the forward that runs:
+    the Gluon one's (``forward_gluon.P_IN_PLACE``: the order ``gluon_hopper.a_operand_in_place`` takes
+    P's codes in), the Triton one's with ``forward.P_IN_PLACE_TRITON``; else in token order."""
     seen, spy = _copies_spy()
     monkeypatch.setattr(forward, "gluon_runs", lambda *args: gluon)
+    monkeypatch.setattr(forward, "P_IN_PLACE_TRITON", triton_in_place)
     monkeypatch.setattr(forward, "stats_then_copies", spy)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     with pytest.raises(_Stop):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
     k_copies, v_copies = seen[0]
-    assert v_copies.col and v_copies.col_pv is gluon
+    assert v_copies.col and v_copies.col_pv is (gluon or triton_in_place)
     monkeypatch.setattr(forward_gluon, "P_IN_PLACE", False)  # P moved to the A operand's layout instead
     with pytest.raises(_Stop):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"))
-    assert not seen[-1][1].col_pv
+    assert seen[-1][1].col_pv is (not gluon and triton_in_place)  # the Triton forward's rule alone
     assert not k_copies.col_pv
 
 
 @pytest.mark.parametrize("dq, dkdv, one_sweep", [(True, True, False), (True, False, False), (False, True, False),
                                                  (True, True, True)])
-def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, monkeypatch):
+@pytest.mark.parametrize("triton_in_place", [False, True])
+def test_backward_copies_come_in_the_kernels_orders(dq, dkdv, one_sweep, triton_in_place, monkeypatch):
     """Where the Gluon dQ launch runs, K's channel-wise copy holds its keys in the order it takes dS's
     codes in, and where the Gluon dK/dV launch runs, Q's and dO's theirs (``Copies.col_pv``); the
-    Triton launches (and the one-sweep dQ) take token order."""
+    Triton launches (the one-sweep dQ among them) take that order with ``backward.A_IN_PLACE_TRITON``,
+    else token order."""
     seen, spy = _copies_spy(calls=2)
     runs = {"gluon_dq": dq, "gluon_dkdv": dkdv}
     monkeypatch.setattr(backward, "_gluon_runs", lambda module, key, *args: runs.get(key, False))
+    monkeypatch.setattr(backward, "A_IN_PLACE_TRITON", triton_in_place)
     monkeypatch.setattr(backward, "stats_then_copies", spy)
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 256)
@@ -256,8 +260,8 @@ def test_backward_copies_come_in_the_gluon_kernels_orders(dq, dkdv, one_sweep, m
     with pytest.raises(_Stop):
         backward.triton_backward(q, q, q, q, lse, q, scale=1.0, mask=CAUSAL, config=config)
     (qc, doc), (kc, vc) = seen
-    assert qc.col_pv is dkdv and doc.col_pv is dkdv
-    assert kc.col_pv is (dq and not one_sweep)
+    assert qc.col_pv is (dkdv or triton_in_place) and doc.col_pv is (dkdv or triton_in_place)
+    assert kc.col_pv is (dq and not one_sweep or triton_in_place)
     assert not vc.col_pv
 
 
@@ -277,7 +281,7 @@ def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, monkeypatch):
                                for_backward={})
     (k_copies, v_copies), = seen
     assert k_copies.col and k_copies.col_pv is dq
-    assert not v_copies.col_pv  # the Triton forward: Vᵀ in token order
+    assert v_copies.col_pv is forward.P_IN_PLACE_TRITON  # the Triton forward's P·V order
 
 
 def test_a_handed_over_copy_in_the_other_order_is_refused(monkeypatch):
@@ -288,7 +292,7 @@ def test_a_handed_over_copy_in_the_other_order_is_refused(monkeypatch):
     monkeypatch.setattr(backward, "stats_then_copies", lambda xs, copies, **kwargs: (None, [(None, ) * 5] * 2))
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     handed = [((None, ) * 5, (None, ) * 5, True)]
-    with pytest.raises(RuntimeError, match="handed over by the forward.*Gluon dQ's operand order.*token order"):
+    with pytest.raises(RuntimeError, match="handed over by the forward.*in-place operand order.*token order"):
         backward.triton_backward(q, q, q, q, torch.zeros(1, 2, 256), q, scale=1.0, mask=CAUSAL,
                                  config=FP8AttentionConfig.from_recipe("fp8_delta"), kv_copies=handed)
     assert handed == []  # taken out, as a matching one is

@@ -177,6 +177,12 @@ LAUNCH_D256 = {
 # each: 64 KB per stage at 128-token blocks and DP = 128, so 256-token blocks (128 KB) get a single
 # stage (at DP = 256 the table above says how many).
 _MAX_PIPELINED_BLOCK = 128
+# The Triton dQ and dK/dV launches take dS's and Pᵀ's codes to their token-contracted products in the
+# accumulator's order (backward_fp8._a_operand), K's, Q's and dO's channel-wise copies written to match
+# (quantize.Copies.col_pv), on dense batches whose contracted length is a multiple of 16: the Gluon
+# launches' A_IN_PLACE (4-6% off their time on the H100) for the shapes the Triton ones run (head dims
+# other than 128, packed batches excluded). Off until timed on a GPU (benchmarks/NOTES.md, "Backward").
+A_IN_PLACE_TRITON = False
 
 
 def launch_table(dp: int) -> dict:
@@ -371,12 +377,13 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     kv_meta = {key: value for key, value in mod_meta.items() if key != "SINK"}  # in LSE' and LSE'^do already
     dq_gluon = _dq_runs_gluon(q, k, mask, config, mod_meta, debug)
     dkdv_gluon = _gluon_runs(backward_dkdv_gluon, "gluon_dkdv", q, k, mask, config, kv_meta)
-    # The Gluon dQ and dK/dV launches take their A operands in place (their A_IN_PLACE): K's channel-
-    # wise copy, read by dQ alone, then holds its keys, Q's and dO's, read by dK/dV alone, their
-    # queries in that order (quantize.Copies.col_pv); a forward that hands K's copy over made it so
-    # (dq_keys_in_pv_order).
-    queries_in_pv_order = dkdv_gluon and backward_dkdv_gluon.A_IN_PLACE
-    keys_in_pv_order = dq_gluon and backward_dq_gluon.A_IN_PLACE
+    # The dQ and dK/dV launches that take their A operands in place (the Gluon ones' A_IN_PLACE, the
+    # Triton ones' A_IN_PLACE_TRITON): K's channel-wise copy, read by dQ alone, then holds its keys,
+    # Q's and dO's, read by dK/dV alone, their queries in that order (quantize.Copies.col_pv); a
+    # forward that hands K's copy over made it so (dq_keys_in_pv_order).
+    queries_in_pv_order = (backward_dkdv_gluon.A_IN_PLACE if dkdv_gluon
+                           else _triton_in_place(sq_total, mask))
+    keys_in_pv_order = _keys_in_pv_order(q, k, mask, config, mod_meta, debug)
     qc = backward_q_copies(config)._replace(col_pv=queries_in_pv_order)
     doc = copies_for("do", config, row=True, col=True)._replace(col_pv=queries_in_pv_order)
     kc, vc = backward_kv_copies(config)
@@ -392,7 +399,7 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     if kv_copies:  # the forward's launch made them from the same statistics: the same codes
         *kv, handed_order = kv_copies.pop()
         if handed_order != keys_in_pv_order:  # (K and V may be stand-ins: no copies can be made here)
-            order = {True: "the Gluon dQ's operand order", False: "token order"}
+            order = {True: "the dQ launch's in-place operand order", False: "token order"}
             raise RuntimeError(f"triton_backward: K's channel-wise copy handed over by the forward holds its keys "
                                f"in {order[handed_order]}, this backward's dQ launch takes {order[keys_in_pv_order]}")
     elif kv_stats is not None:
@@ -454,7 +461,8 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
                 float(scale), softcap2), dict(
                 MATCHED=matched, DEBUG=debug, **common, BLOCK_Q=tq, BLOCK_K=tk, STATS=stats, GRADS=grads,
                 ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **mod_meta,
-                DS_HEAD=ds_head, ONE_SWEEP=one_sweep, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
+                DS_HEAD=ds_head, ONE_SWEEP=one_sweep, BLOCK_DO=bdo, A_IN_PLACE=keys_in_pv_order,
+                **_prequant_launch(launch, tq, tk, dp),
                 **COMPILE_OPTIONS,
             ))
 
@@ -480,7 +488,8 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
                 **common, BLOCK_Q=tq, BLOCK_K=tk, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv,
                 ALIGNED=not varlen and sq_total % tq == 0 and sk_total % tk == 0, **recipe, **kv_meta,
                 P_FIXED=config.p_scales is PScaling.FIXED, DS_HEAD=ds_head,
-                QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, **_prequant_launch(launch, tq, tk, dp),
+                QDO_HEAD=config.qdo_scales is Granularity.HEAD, BLOCK_DO=bdo, A_IN_PLACE=queries_in_pv_order,
+                **_prequant_launch(launch, tq, tk, dp),
                 **COMPILE_OPTIONS,
             ))
 
@@ -505,10 +514,26 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
 
 def dq_keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict) -> bool:
     """Whether the FP8 backward's dQ launch on ``q``, ``k`` takes K's channel-wise copy with its keys in
-    the order the Gluon kernel takes dS's codes in place (``quantize.Copies.col_pv``): the order a
-    forward that hands K's copies over (:func:`takes_kv_copies`) makes that copy in. ``mod_meta``:
+    the order it takes dS's codes in place (``quantize.Copies.col_pv``): the order a forward that
+    hands K's copies over (:func:`takes_kv_copies`) makes that copy in. ``mod_meta``:
     ``LogitMods.meta`` of the call."""
-    return _dq_runs_gluon(q, k, mask, config, mod_meta) and backward_dq_gluon.A_IN_PLACE
+    return _keys_in_pv_order(q, k, mask, config, mod_meta)
+
+
+def _keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict, debug: bool = False) -> bool:
+    """Whether the dQ launch takes K's channel-wise copy in the in-place order: the Gluon kernel's
+    A_IN_PLACE where it runs (:func:`_dq_runs_gluon`), else the Triton launch's rule
+    (:func:`_triton_in_place`; the debug launch and the one-sweep dQ are Triton launches)."""
+    if _dq_runs_gluon(q, k, mask, config, mod_meta, debug):
+        return backward_dq_gluon.A_IN_PLACE
+    return _triton_in_place(k.shape[2], mask)
+
+
+def _triton_in_place(contracted: int, mask: MaskSpec) -> bool:
+    """Whether a Triton dQ (dK/dV) launch takes its A operands in place (:data:`A_IN_PLACE_TRITON`):
+    dense batches whose key (query) length ``contracted`` is a multiple of 16, so that every aligned
+    group of 16 tokens the order permutes lies inside the sequence (a packed sequence starts anywhere)."""
+    return A_IN_PLACE_TRITON and not mask.is_varlen and contracted % 16 == 0
 
 
 def _dq_runs_gluon(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict, debug: bool = False) -> bool:

@@ -59,7 +59,7 @@ import triton.language as tl
 from .backward_quant import cast_saturating
 from .constants import LOG2E_C
 from .logit_mods import cap_slope, modify_logits
-from .quantize import abs_max, mul_rounded, scale_from_amax
+from .quantize import abs_max, mul_rounded, pv_token_order, scale_from_amax
 from .tiles import key_tiles, query_tiles, seq_bounds, tile_slot, visible
 
 
@@ -220,6 +220,18 @@ def _dq_stats_tiles(
 
 
 @triton.jit
+def _a_operand(codes, A_IN_PLACE: tl.constexpr):
+    """``codes`` (rows, tokens): the A operand of a product that contracts over tokens (dS·K, Pᵀ·dO,
+    dSᵀ·Q). A_IN_PLACE: its token columns put in :func:`.quantize.pv_token_order`'s order, the one the
+    other operand's channel-wise copy holds its tokens in (``quantize.Copies.col_pv``), so that the
+    MMA takes the codes from the registers the accumulator left them in instead of moving them
+    between threads. The product's sums then run over the tokens in another order (fp32 rounding)."""
+    if A_IN_PLACE:
+        codes = pv_token_order(codes, 1)
+    return codes
+
+
+@triton.jit
 def _dq_tiles(
     dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
     kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len, window, SK_PAD, shift, cap, t_lo, t_hi,
@@ -227,7 +239,7 @@ def _dq_tiles(
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, POW2: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr,
     ROW_SHIFT: tl.constexpr, SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr,
-    BLOCK_DO: tl.constexpr,
+    BLOCK_DO: tl.constexpr, A_IN_PLACE: tl.constexpr,
 ):
     """Add key tiles t_lo <= t < t_hi to one query tile's dQ (BLOCK_Q, BLOCK_DO) (before the factor τ
     and, with DS_HEAD, before dS's scale: ``ds_inv`` is its reciprocal, one per (sequence, head))
@@ -271,7 +283,7 @@ def _dq_tiles(
         if DS_HEAD:
             if DEBUG:
                 ds = ds * ds_inv
-            ds8 = cast_saturating(ds, DS_MAX, DS_DTYPE, INTERPRET)
+            ds8 = _a_operand(cast_saturating(ds, DS_MAX, DS_DTYPE, INTERPRET), A_IN_PLACE)
             if COL_SEQ:
                 dq = tl.dot(ds8, tl.trans(kct), dq, out_dtype=tl.float32)
             else:
@@ -279,6 +291,7 @@ def _dq_tiles(
                 dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * skc[None, :]
         else:
             ds8, sds = _quant_tile(ds, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+            ds8 = _a_operand(ds8, A_IN_PLACE)
             if COL_SEQ:
                 dq += tl.dot(ds8, tl.trans(kct), out_dtype=tl.float32) * sds[:, None]
             else:
@@ -294,6 +307,7 @@ def _dq_sweep_tiles(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DS_DTYPE: tl.constexpr, DS_MAX: tl.constexpr,
     INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr, BLOCK_DO: tl.constexpr,
+    A_IN_PLACE: tl.constexpr,
 ):
     """Key tiles t_lo <= t < t_hi of one query tile's statistics sweep that also forms dQ
     (``dq_in_stats``, KV_HEAD and sequence-wide K channel scales; see the config's docstring).
@@ -327,8 +341,8 @@ def _dq_sweep_tiles(
         a8 = cast_saturating(pdp * a_inv[:, None], DS_MAX, DS_DTYPE, INTERPRET)
         pb8 = cast_saturating(p * pb_mul[:, None], 448.0, tl.float8e4nv, INTERPRET)
         kct = _cols_t(kct_base, keys, col_ok, offs_o, SK_PAD, MASKED)
-        acc_a = tl.dot(a8, tl.trans(kct), acc_a, out_dtype=tl.float32)
-        acc_b = tl.dot(pb8, tl.trans(kct), acc_b, out_dtype=tl.float32)
+        acc_a = tl.dot(_a_operand(a8, A_IN_PLACE), tl.trans(kct), acc_a, out_dtype=tl.float32)
+        acc_b = tl.dot(_a_operand(pb8, A_IN_PLACE), tl.trans(kct), acc_b, out_dtype=tl.float32)
         a_sum += tl.sum(a8.to(tl.float32), 1)
         b_sum += tl.sum(pb8.to(tl.float32), 1)
     return acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum
@@ -342,7 +356,7 @@ def _dq_sweep(
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DEBUG: tl.constexpr, ALIGNED: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DS_DTYPE: tl.constexpr,
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr,
-    BLOCK_DO: tl.constexpr,
+    BLOCK_DO: tl.constexpr, A_IN_PLACE: tl.constexpr,
 ):
     """The statistics and dQ of one query tile in one sweep (``dq_in_stats``; bwd_dq_fp8_kernel's
     ONE_SWEEP): stores LSE2 = the forward's LSE (log2), LSE'^do, D' = u / l and, with DS_HEAD, folds
@@ -375,18 +389,18 @@ def _dq_sweep(
             acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
             pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, t_lo, f_lo,
             True, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
-            BLOCK_DO)
+            BLOCK_DO, A_IN_PLACE)
     acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum = _dq_sweep_tiles(
         acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
         pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, f_lo, f_hi,
         False, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
-        BLOCK_DO)
+        BLOCK_DO, A_IN_PLACE)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
         acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum = _dq_sweep_tiles(
             acc_a, acc_b, a_sum, b_sum, l_i, u_i, w_i, pmax_i, pabs_sum, q8, do8, sq, lse2do, a_inv, pb_mul, row_ok,
             pos_q, kr_base, vr_base, krs_base, vrs_base, kct_base, k_start, k_len, window, SK_PAD, shift, f_hi, t_hi,
             True, CAUSAL, HAS_WINDOW, DEBUG, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX, INTERPRET, ROW_SHIFT, DS_HEAD,
-            BLOCK_DO)
+            BLOCK_DO, A_IN_PLACE)
     empty = l_i == 0.0
     delta_do = tl.where(empty, 0.0, u_i / tl.where(empty, 1.0, l_i))  # Σ P'dP' / Σ P' = D / sdo
     tl.store(LSE2 + stat_off, lse2, mask=stat_ok)
@@ -420,7 +434,7 @@ def bwd_dq_fp8_kernel(
     INTERPRET: tl.constexpr, STATS: tl.constexpr, GRADS: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, SOFTCAP: tl.constexpr, ROW_SHIFT: tl.constexpr,
     SINK: tl.constexpr, DS_HEAD: tl.constexpr, ONE_SWEEP: tl.constexpr,
-    BLOCK_DO: tl.constexpr,
+    BLOCK_DO: tl.constexpr, A_IN_PLACE: tl.constexpr = False,
 ):
     """LSE' (log2 units), LSE'^do, D' and dQ = τ Σ_j dS_ij K_j for one query tile of one query head
     (BLOCK_DO < BLOCK_D: for dQ's channel block program_id(2); the statistics are then every
@@ -449,7 +463,11 @@ def bwd_dq_fp8_kernel(
     quantizes dS with that one scale per (sequence, head) and accumulates dQ in place.
 
     ONE_SWEEP (``dq_in_stats``; with STATS, GRADS, MATCHED, KV_HEAD and COL_SEQ, no soft-cap or
-    sink): the statistics and dQ in one sweep over the keys from the forward's LSE (:func:`_dq_sweep`)."""
+    sink): the statistics and dQ in one sweep over the keys from the forward's LSE (:func:`_dq_sweep`).
+
+    A_IN_PLACE (dense batches, SK a multiple of 16): ``KCT`` holds each aligned 16 keys in
+    :func:`.quantize.pv_token_order`'s order, and dS's codes are taken to dQ in that order
+    (:func:`_a_operand`)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     seq = pid_bh // H
@@ -506,7 +524,7 @@ def bwd_dq_fp8_kernel(
                   pos_q, rows, stat_off, bh_q, seq, h, H, SQ_TOTAL, kr_base, vr_base, krs_base, vrs_base, kct_base,
                   kcs_base, k_start, k_len, window, SK_PAD, shift, tau, t_lo, f_lo, f_hi, t_hi, o_ok,
                   HEAD_D, CAUSAL, HAS_WINDOW, DEBUG, ALIGNED, BLOCK_Q, BLOCK_K, BLOCK_D, DS_DTYPE, DS_MAX,
-                  INTERPRET, ROW_SHIFT, DS_HEAD, BLOCK_DO)
+                  INTERPRET, ROW_SHIFT, DS_HEAD, BLOCK_DO, A_IN_PLACE)
         return
     if (MATCHED or DS_HEAD) and not STATS:  # a statistics launch ran first
         lse2do = tl.load(LSE2DO + stat_off, mask=row_ok, other=float("-inf"))
@@ -571,18 +589,18 @@ def bwd_dq_fp8_kernel(
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, t_lo, f_lo, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO, A_IN_PLACE)
     dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
                                      kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                      window, SK_PAD, shift, softcap, f_lo, f_hi, False, CAUSAL, HAS_WINDOW, DEBUG,
                                      BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                     ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+                                     ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO, A_IN_PLACE)
     if CAUSAL or HAS_WINDOW or not ALIGNED:
         dq, ds_sum, pabs_sum = _dq_tiles(dq, ds_sum, pabs_sum, q8, do8, sq, lse2do, delta_do, ds_inv, row_ok, pos_q,
                                          kr_base, vr_base, krs_base, vrs_base, kct_base, kcs_base, k_start, k_len,
                                          window, SK_PAD, shift, softcap, f_hi, t_hi, True, CAUSAL, HAS_WINDOW, DEBUG,
                                          BLOCK_K, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET, KV_HEAD, COL_SEQ,
-                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO)
+                                         ROW_SHIFT, SOFTCAP, DS_HEAD, BLOCK_DO, A_IN_PLACE)
     if DS_HEAD:
         dq = dq * ds_scale
     if COL_SEQ:
@@ -605,7 +623,7 @@ def _dkdv_tiles(
     DS_MAX: tl.constexpr, INTERPRET: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, ROW_SHIFT: tl.constexpr,
     SOFTCAP: tl.constexpr, DS_HEAD: tl.constexpr, QDO_HEAD: tl.constexpr,
-    BLOCK_DO: tl.constexpr,
+    BLOCK_DO: tl.constexpr, A_IN_PLACE: tl.constexpr,
 ):
     """Add query tiles t_lo <= t < t_hi of one query head to one key tile's dK (before the factor τ)
     and dV, both (BLOCK_K, BLOCK_DO) (the channels of :func:`_out_channels`; Sᵀ and dPᵀ contract over
@@ -696,15 +714,15 @@ def _dkdv_tiles(
             # B3: P per column of the query tile (= per row of Pᵀ) or on the fixed grid; dO per
             # channel within the tile, or the sequence's channel scales (applied by the caller).
             if P_FIXED and COL_SEQ:
-                dv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct), dv,
-                            out_dtype=tl.float32)
+                p8 = _a_operand(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), A_IN_PLACE)
+                dv = tl.dot(p8, tl.trans(doct), dv, out_dtype=tl.float32)
             else:
                 if P_FIXED:
-                    pv = tl.dot(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), tl.trans(doct),
-                                out_dtype=tl.float32)
+                    p8 = _a_operand(cast_saturating(pt, 448.0, tl.float8e4nv, INTERPRET), A_IN_PLACE)
+                    pv = tl.dot(p8, tl.trans(doct), out_dtype=tl.float32)
                 else:
                     p8, sp = _quant_tile(pt, 1, 448.0, POW2, tl.float8e4nv, INTERPRET)
-                    pv = tl.dot(p8, tl.trans(doct), out_dtype=tl.float32) * sp[:, None]
+                    pv = tl.dot(_a_operand(p8, A_IN_PLACE), tl.trans(doct), out_dtype=tl.float32) * sp[:, None]
                 if COL_SEQ:
                     dv += pv
                 else:
@@ -714,7 +732,7 @@ def _dkdv_tiles(
             # sequence.
             qct = _cols_t(qct_base, rows, row_ok, offs_o, SQ_PAD, MASKED)
             if DS_HEAD:
-                ds8 = cast_saturating(dst * (ds_mul * ds_inv), DS_MAX, DS_DTYPE, INTERPRET)
+                ds8 = _a_operand(cast_saturating(dst * (ds_mul * ds_inv), DS_MAX, DS_DTYPE, INTERPRET), A_IN_PLACE)
                 if COL_SEQ:
                     dk = tl.dot(ds8, tl.trans(qct), dk, out_dtype=tl.float32)
                 else:
@@ -722,6 +740,7 @@ def _dkdv_tiles(
                     dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sqc[None, :]
             else:
                 ds8, sds = _quant_tile(dst, 1, DS_MAX, POW2, DS_DTYPE, INTERPRET)
+                ds8 = _a_operand(ds8, A_IN_PLACE)
                 if COL_SEQ:
                     dk += tl.dot(ds8, tl.trans(qct), out_dtype=tl.float32) * sds[:, None]
                 else:
@@ -742,7 +761,7 @@ def bwd_dkdv_fp8_kernel(
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, ALIGNED: tl.constexpr,
     KV_HEAD: tl.constexpr, COL_SEQ: tl.constexpr, P_FIXED: tl.constexpr, SOFTCAP: tl.constexpr,
     ROW_SHIFT: tl.constexpr, DS_HEAD: tl.constexpr, QDO_HEAD: tl.constexpr,
-    BLOCK_DO: tl.constexpr,
+    BLOCK_DO: tl.constexpr, A_IN_PLACE: tl.constexpr = False,
 ):
     """dK = τ Σ_g Σ_i dS_ij Q_i and/or dV = Σ_g Σ_i P_ij dO_i (COMPUTE_DK / COMPUTE_DV) for one key
     tile of one kv head (transposed tiles). Forming them in two launches recomputes Sᵀ once more but
@@ -766,7 +785,11 @@ def bwd_dkdv_fp8_kernel(
 
     QDO_HEAD: Q's and dO's row scales (``QRS``, ``DORS`` (B·Hq, Sq)) are one per (sequence, head),
     read once per query head. ``DORS`` is read only by the one-exponential form of
-    :func:`_dkdv_tiles` (dK and dV together on the fixed grid)."""
+    :func:`_dkdv_tiles` (dK and dV together on the fixed grid).
+
+    A_IN_PLACE (dense batches, SQ a multiple of 16): ``QCT`` and ``DOCT`` hold each aligned 16
+    queries in :func:`.quantize.pv_token_order`'s order, and Pᵀ's and dSᵀ's codes are taken to dV
+    and dK in that order (:func:`_a_operand`)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // G
@@ -849,14 +872,14 @@ def bwd_dkdv_fp8_kernel(
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, t_lo, f_lo, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
                                  COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
-                                 QDO_HEAD, BLOCK_DO)
+                                 QDO_HEAD, BLOCK_DO, A_IN_PLACE)
         dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n, qr_base,
                              dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base,
                              doct_base, qcs_base, docs_base,
                              q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_lo, f_hi, False,
                              CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
                              COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
-                             QDO_HEAD, BLOCK_DO)
+                             QDO_HEAD, BLOCK_DO, A_IN_PLACE)
         if HAS_WINDOW or not ALIGNED:
             dk, dv = _dkdv_tiles(dk, dv, k8, v8, sk, sv, ds_scale, ds_inv, sq_head, sdo_head, col_ok, offs_n, qr_base,
                                  dor_base, qrs_base, dors_base, lse2_base, lse2do_base, delta_base, qct_base,
@@ -864,7 +887,7 @@ def bwd_dkdv_fp8_kernel(
                                  q_start, q_len, shift, window, SQ_PAD, rshift_base, softcap, f_hi, t_hi, True,
                                  CAUSAL, HAS_WINDOW, BLOCK_Q, BLOCK_D, POW2, DS_DTYPE, DS_MAX, INTERPRET,
                                  COMPUTE_DK, COMPUTE_DV, KV_HEAD, COL_SEQ, P_FIXED, ROW_SHIFT, SOFTCAP, DS_HEAD,
-                                 QDO_HEAD, BLOCK_DO)
+                                 QDO_HEAD, BLOCK_DO, A_IN_PLACE)
     st_mask = col_ok[:, None] & o_ok[None, :]
     off = bh_k * SK_TOTAL * HEAD_D + keys[:, None].to(tl.int64) * HEAD_D + offs_o[None, :]
     if COL_SEQ:

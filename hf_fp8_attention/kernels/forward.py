@@ -103,8 +103,9 @@ REF_SLACK = 32.0
 # The Triton kernel takes P's codes to P·V in their accumulator's order (pv_token_order), Vᵀ's keys
 # written to match (quantize.Copies.col_pv), on dense batches whose key length is a multiple of 16:
 # offline (sm_90a, Triton 3.6, d = 64, 64 x 4 warps, causal) the interior loop 913 -> 880
-# instructions (SHFL 24 -> 8, SEL 16 -> 0). Off until timed on a GPU.
-P_IN_PLACE_TRITON = False
+# instructions (SHFL 24 -> 8, SEL 16 -> 0). On the H100 (d = 64, 16k tokens, CUDA graph) the forward
+# took 0.965-0.980x the time, the same bits (benchmarks/NOTES.md, "Forward").
+P_IN_PLACE_TRITON = True
 
 
 @triton.jit
