@@ -16,15 +16,15 @@ if [ "${PYTEST_WORKERS:-8}" != "0" ] && python -c "import xdist" 2>/dev/null; th
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( per_worker > 0 ? per_worker : 1 ))}
 fi
 
-# gpu_pytest LOG LIMIT_S PYTEST_ARGS...: the GPU tests (pytest -m gpu) with $XDIST and the resume
+# gpu_pytest LOG LIMIT_S PYTEST_ARGS...: the GPU tests (pytest -m gpu) with $XDIST, the resume
 # plugin (benchmarks/pytest_gpu_resume.py: RESUME_LOGS, failures to $OUT/failures.log as they
-# happen), verbose so that a run cut by its limit (SIGINT after LIMIT_S seconds; empty: none) still
-# names its failures. The log goes to LOG, the outcome lines to stdout; returns pytest's status.
+# happen) and the switches plugin (benchmarks/pytest_kernel_switches.py: KERNEL_SWITCHES), verbose
+# so that a run cut by its limit (SIGINT after LIMIT_S seconds; empty: none) still names its failures. The log goes to LOG, the outcome lines to stdout; returns pytest's status.
 gpu_pytest() {
   local log=$1 limit=$2
   shift 2
   # shellcheck disable=SC2206
-  local cmd=(python -m pytest -v -m gpu -rs $XDIST -p pytest_gpu_resume "$@")
+  local cmd=(python -m pytest -v -m gpu -rs $XDIST -p pytest_gpu_resume -p pytest_kernel_switches "$@")
   if [ -n "$limit" ]; then cmd=(timeout -s INT -k 30 "$limit" "${cmd[@]}"); fi
   FAILURE_LOG="$OUT/failures.log" PYTHONPATH="$PWD/benchmarks:$PYTHONPATH" "${cmd[@]}" 2>&1 \
     | tee "$log" | grep -E "FAILED|ERROR|passed|failed"

@@ -8,7 +8,8 @@
 #      SKIP_TESTS=1 / SKIP_BENCH=1, TEST_LIMIT (seconds: pytest gets SIGINT then, and still prints
 #      its summary), RESUME_LOGS (earlier pytest_gpu.log files: their passes on the same sources are
 #      not rerun; benchmarks/pytest_gpu_resume.py). Failures also go to $OUT/failures.log as they
-#      happen. Arguments are passed to benchmarks/bench_attention.py.
+#      happen. KERNEL_SWITCHES ("module.NAME=0|1,...": kernel switches set for the tests,
+#      benchmarks/pytest_kernel_switches.py). Arguments are passed to benchmarks/bench_attention.py.
 # The suite takes longer than 10 minutes cold; in parts:
 #   TEST_LIMIT=540 SKIP_BENCH=1 bash benchmarks/gpu_suite.sh        # then, with the log carried back:
 #   TEST_LIMIT=540 SKIP_BENCH=1 RESUME_LOGS=part1/pytest_gpu.log bash benchmarks/gpu_suite.sh
