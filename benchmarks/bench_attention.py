@@ -11,7 +11,10 @@ too slow and large at these shapes); "n/a" otherwise. ``--memory`` adds the peak
 training step (forward + backward of the attention op alone, over what the inputs already hold).
 
 FLOPs: forward 4·B·H·S²·D (halved under a causal mask), backward 2.5x forward, fwd+bwd 3.5x.
-Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 MB L2). The whole
+Timing: triton.testing.do_bench, median, inputs ~ 100s of MB (far above the 50 MB L2); with
+``--timer graph``, triton.testing.do_bench_cudagraph instead: the calls replayed from a CUDA graph,
+so the GPU's time without the host's (which, on a busy host, moved the 2 x 8k cells by up to 1.6x
+between passes; benchmarks/NOTES.md). The whole
 grid is timed --passes times, each shape's implementations back to back within a pass; the table
 reports, per cell, the median over the passes after the first (the first also warms the clocks and
 compiles; with one pass, that pass), and each ratio as the median of the per-pass ratios, so a
@@ -61,6 +64,7 @@ from recipe_names import (CONFIG_FLAGS, SCHEDULE_FLAGS, add_schedule_options, ap
 
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 SDPA_BACKENDS = ("cudnn", "flash", "cudnn_fp8")
+TIMERS = ("eager", "graph")
 LOGIT_MODS = ("softcap", "sinks")
 SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 
@@ -85,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--memory", action="store_true", help="peak memory of one fwd+bwd per shape")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
+    p.add_argument("--timer", choices=TIMERS, default="eager",
+                   help="eager: do_bench (the host's launch time included where the GPU waits for it); "
+                        "graph: do_bench_cudagraph (the GPU's time)")
     p.add_argument("--passes", type=int, default=3,
                    help="times the grid is timed; the table gives the median over the passes after the first")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -120,6 +127,9 @@ def parse_args(argv=None):
         p.error(f"unknown SDPA backends {sorted(bad)}; choose from {', '.join(SDPA_BACKENDS)}")
     if args.passes < 1:
         p.error(f"--passes must be at least 1, got {args.passes}")
+    if args.timer == "graph" and "cudnn_fp8" in args.sdpa:
+        p.error("--timer graph: the cudnn_fp8 baseline times its own graphs (cudnn_fp8_sdpa.py); "
+                "run it with --timer eager")
     if args.gqa < 1 or any(h % args.gqa for h in args.heads):
         p.error(f"--gqa must be at least 1 and divide every --heads value, got {args.gqa} for heads {args.heads}")
     return args
@@ -193,25 +203,31 @@ def _ours_fn(name, causal):
     return run
 
 
-def _time(impl, mode, q, k, v, warmup, rep):
-    """Median ms of ``mode`` for ``impl(q, k, v)``, from a fresh memory peak
-    (:func:`recipe_names.fresh_memory_peak`): a lone call's path, as :func:`_peak_step_mib` measures it."""
-    from triton.testing import do_bench
+def _median_ms(fn, warmup: int, rep: int, timer: str, grad_to_none=None) -> float:
+    """Median ms of ``fn()``: triton.testing.do_bench (``timer`` "eager") or do_bench_cudagraph
+    ("graph": ``fn`` captured and replayed, so no host time; ``warmup`` unused, it warms up once)."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
+    if timer == "graph":
+        return do_bench_cudagraph(fn, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+    return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def _time(impl, mode, q, k, v, warmup, rep, timer="eager"):
+    """Median ms of ``mode`` for ``impl(q, k, v)`` (:func:`_median_ms`), from a fresh memory peak
+    (:func:`recipe_names.fresh_memory_peak`): a lone call's path, as :func:`_peak_step_mib` measures it."""
     fresh_memory_peak()
     if isinstance(impl, _CudnnFp8):
         return impl.time(mode, q, k, v, warmup, rep)
     if mode == "fwd":
         with torch.no_grad():
-            return do_bench(lambda: impl(q, k, v), warmup=warmup, rep=rep, return_mode="median")
+            return _median_ms(lambda: impl(q, k, v), warmup, rep, timer)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
     if mode == "bwd":
         out = impl(qg, kg, vg)
-        return do_bench(lambda: out.backward(dout, retain_graph=True), warmup=warmup, rep=rep,
-                        grad_to_none=[qg, kg, vg], return_mode="median")
-    return do_bench(lambda: impl(qg, kg, vg).backward(dout), warmup=warmup, rep=rep,
-                    grad_to_none=[qg, kg, vg], return_mode="median")
+        return _median_ms(lambda: out.backward(dout, retain_graph=True), warmup, rep, timer, [qg, kg, vg])
+    return _median_ms(lambda: impl(qg, kg, vg).backward(dout), warmup, rep, timer, [qg, kg, vg])
 
 
 def _peak_step_mib(impl, q, k, v):
@@ -265,7 +281,7 @@ def run(args) -> tuple[dict, list[dict]]:
                         continue
                     past = earlier.setdefault((d, causal, h, s, key), [])
                     try:
-                        past.append(_time(impl, mode, q, k, v, args.warmup, args.rep))
+                        past.append(_time(impl, mode, q, k, v, args.warmup, args.rep, args.timer))
                         ms = statistics.median(x for x in reported_passes(past) if x is not None)
                         row[key] = {"ms": ms, "tflops": flops(mode, b, h, s, d, causal) / ms * 1e-9,
                                     "ms_passes": list(past)}
@@ -369,7 +385,8 @@ def render(env, rows, args) -> str:
     lines.append("")
     lines.append("TFLOP/s (forward 4·B·H·S²·D, halved when causal; backward 2.5x; fwd+bwd 3.5x). "
                  "Ratios: ours / SDPA cuDNN (x cudnn) and ours / SDPA flash (x flash). "
-                 f"Medians of do_bench ({args.warmup} ms warm-up, {args.rep} ms); "
+                 + (f"Medians of do_bench ({args.warmup} ms warm-up, {args.rep} ms); " if args.timer == "eager" else
+                    f"Medians of do_bench_cudagraph ({args.rep} ms of CUDA-graph replays: GPU time, no host); ")
                  + (f"each cell the median of passes 2-{args.passes} of {args.passes}, each ratio the median of "
                     "those passes' ratios (each pass times a shape's implementations back to back)."
                     if args.passes > 1 else "one pass."))

@@ -76,3 +76,30 @@ def test_gqa_shapes_get_a_kv_head_column_and_bad_groups_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench_attention.parse_args(["--heads", "16,12", "--gqa", "8"])
     assert "--gqa must be at least 1 and divide every --heads value" in capsys.readouterr().err
+
+
+def test_graph_timer_replays_cuda_graphs_and_says_so(monkeypatch, capsys):
+    """``--timer graph`` times with do_bench_cudagraph (the GPU's time, no host) and the table says
+    which timer ran; the cudnn_fp8 baseline, which times its own graphs, is refused with it."""
+    import triton.testing
+
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: calls.append(("eager", kw)) or 1.0)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: calls.append(("graph", kw)) or 2.0)
+    grads = [object()]
+    assert bench_attention._median_ms(lambda: None, 25, 60, "graph", grads) == 2.0
+    assert bench_attention._median_ms(lambda: None, 25, 60, "eager") == 1.0
+    assert calls == [("graph", {"rep": 60, "grad_to_none": grads, "return_mode": "median"}),
+                     ("eager", {"warmup": 25, "rep": 60, "grad_to_none": None, "return_mode": "median"})]
+    args = bench_attention.parse_args(["--seqlens", "8192", "--heads", "16", "--dims", "128", "--causal", "1",
+                                       "--configs", "fp8_delta", "--sdpa", "cudnn", "--passes", "1",
+                                       "--timer", "graph"])
+    env = {"gpu": "GPU", "capability": "sm_90", "torch": "t", "triton": "tr", "cuda": "c", "cudnn": 1,
+           "python": "p", "date_utc": "d", "fp8_backward_kernel": "available"}
+    row = {"B": 2, "H": 16, "S": 8192, "D": 128, "causal": True,
+           "sdpa_cudnn/fwd": {"ms": 1.0, "tflops": 1.0, "ms_passes": [1.0]},
+           "fp8_delta/fwd": {"ms": 0.8, "tflops": 1.25, "ms_passes": [0.8]}}
+    assert "Medians of do_bench_cudagraph (100 ms of CUDA-graph replays" in bench_attention.render(env, [row], args)
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--timer", "graph", "--sdpa", "cudnn,cudnn_fp8"])
+    assert "--timer graph: the cudnn_fp8 baseline times its own graphs" in capsys.readouterr().err
