@@ -76,7 +76,7 @@ from .operands import (
     backward_block_free, backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies,
     tile_recipe,
 )
-from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, quantize_operands, scratch_empty
+from .quantize import COMPILE_OPTIONS, interpreting, padded_head_dim, pv_order_fits, quantize_operands, scratch_empty
 from .tiles import cdiv, check_compiled_blocks
 
 logger = logging.getLogger(__name__)
@@ -381,9 +381,8 @@ def _launch_fp8(q, k, v, o, lse, dout, q_grad, kv_grads, lse2, lse2do, delta, db
     # Triton ones' A_IN_PLACE_TRITON): K's channel-wise copy, read by dQ alone, then holds its keys,
     # Q's and dO's, read by dK/dV alone, their queries in that order (quantize.Copies.col_pv); a
     # forward that hands K's copy over made it so (dq_keys_in_pv_order).
-    queries_in_pv_order = (backward_dkdv_gluon.A_IN_PLACE if dkdv_gluon
-                           else _triton_in_place(sq_total, mask))
-    keys_in_pv_order = _keys_in_pv_order(q, k, mask, config, mod_meta, debug)
+    queries_in_pv_order = _in_place_order(dkdv_gluon, backward_dkdv_gluon.A_IN_PLACE, sq_total, mask)
+    keys_in_pv_order = _in_place_order(dq_gluon, backward_dq_gluon.A_IN_PLACE, sk_total, mask)
     qc = backward_q_copies(config)._replace(col_pv=queries_in_pv_order)
     doc = copies_for("do", config, row=True, col=True)._replace(col_pv=queries_in_pv_order)
     kc, vc = backward_kv_copies(config)
@@ -517,23 +516,19 @@ def dq_keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_me
     the order it takes dS's codes in place (``quantize.Copies.col_pv``): the order a forward that
     hands K's copies over (:func:`takes_kv_copies`) makes that copy in. ``mod_meta``:
     ``LogitMods.meta`` of the call."""
-    return _keys_in_pv_order(q, k, mask, config, mod_meta)
+    return _in_place_order(_dq_runs_gluon(q, k, mask, config, mod_meta), backward_dq_gluon.A_IN_PLACE, k.shape[2],
+                           mask)
 
 
-def _keys_in_pv_order(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict, debug: bool = False) -> bool:
-    """Whether the dQ launch takes K's channel-wise copy in the in-place order: the Gluon kernel's
-    A_IN_PLACE where it runs (:func:`_dq_runs_gluon`), else the Triton launch's rule
-    (:func:`_triton_in_place`; the debug launch and the one-sweep dQ are Triton launches)."""
-    if _dq_runs_gluon(q, k, mask, config, mod_meta, debug):
-        return backward_dq_gluon.A_IN_PLACE
-    return _triton_in_place(k.shape[2], mask)
-
-
-def _triton_in_place(contracted: int, mask: MaskSpec) -> bool:
-    """Whether a Triton dQ (dK/dV) launch takes its A operands in place (:data:`A_IN_PLACE_TRITON`):
-    dense batches whose key (query) length ``contracted`` is a multiple of 16, so that every aligned
-    group of 16 tokens the order permutes lies inside the sequence (a packed sequence starts anywhere)."""
-    return A_IN_PLACE_TRITON and not mask.is_varlen and contracted % 16 == 0
+def _in_place_order(runs_gluon: bool, gluon_in_place: bool, contracted: int, mask: MaskSpec) -> bool:
+    """Whether the dQ (dK/dV) launch takes its A operands in place, so that K's (Q's and dO's)
+    channel-wise copy holds its ``contracted`` keys (queries) in that order: the Gluon kernel's
+    switch ``gluon_in_place`` where it runs (``runs_gluon``), else the Triton launch's
+    (:data:`A_IN_PLACE_TRITON`; the debug launch and the one-sweep dQ are Triton launches) where the
+    copy can hold the order (:func:`.quantize.pv_order_fits`)."""
+    if runs_gluon:
+        return gluon_in_place
+    return A_IN_PLACE_TRITON and pv_order_fits(contracted, mask.is_varlen)
 
 
 def _dq_runs_gluon(q, k, mask: MaskSpec, config: FP8AttentionConfig, mod_meta: dict, debug: bool = False) -> bool:

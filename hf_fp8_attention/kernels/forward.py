@@ -77,7 +77,7 @@ from .logit_mods import logit_mods, soft_cap
 from .tiles import cdiv, check_compiled_blocks, has_tma, key_tile_range, next_pow2, sm_count, visible
 from .quantize import (
     COMPILE_OPTIONS, abs_max, cast_meta, cvt_mode, fp8_cast, interpreting, mul_rounded, padded_head_dim,
-    pv_token_order, quantize_operands, scale_from_amax, to_fp8,
+    pv_order_fits, pv_token_order, quantize_operands, scale_from_amax, to_fp8,
 )
 from .operands import backward_kv_copies, backward_q_copies, copies_for, logit_factor, stats_for, stats_then_copies
 from . import forward_gluon
@@ -581,7 +581,7 @@ def triton_forward(
         col_pv=hand_over and dq_keys_in_pv_order(q, k, mask, config, mod_meta))
     # Vᵀ's keys in the P·V order of the kernel that runs (quantize.pv_token_order): the Gluon one's
     # (forward_gluon.P_IN_PLACE), the Triton one's with P_IN_PLACE_TRITON.
-    triton_pv = not use_gluon and P_IN_PLACE_TRITON and not varlen and sk % 16 == 0
+    triton_pv = not use_gluon and P_IN_PLACE_TRITON and pv_order_fits(sk, varlen)
     v_copies = copies_for("v", config, row=hand_over, col=True)._replace(
         col_pv=(use_gluon and forward_gluon.P_IN_PLACE) or triton_pv)
     kv_stats, (k_all, v_all) = stats_then_copies(

@@ -536,6 +536,13 @@ def _col_cast_store(
     tl.store(c_ptrs, c_codes, mask=tile_ok[:, None])
 
 
+def pv_order_fits(length: int, varlen: bool) -> bool:
+    """Whether a channel-wise copy of ``length`` tokens can hold them in :func:`pv_token_order`
+    (``Copies.col_pv``): a dense batch whose length is a multiple of 16, so that every aligned group
+    of 16 the order permutes lies inside the sequence (a packed sequence starts anywhere)."""
+    return not varlen and length % 16 == 0
+
+
 @triton.jit
 def pv_token_order(x, AXIS: tl.constexpr = 0):
     """``x`` (2-D) with its tokens along ``AXIS`` in the order of the Gluon kernels' A operands taken
@@ -881,7 +888,7 @@ def plan_quantize(
     stats = tuple(stats) if stats is not None else (None,) * len(xs)
     stat_args = []
     for c, st in zip(copies, stats):
-        if c.col and c.col_pv and (varlen or seq % 16):
+        if c.col and c.col_pv and not pv_order_fits(seq, varlen):
             raise ValueError(f"{fn}: the P·V token order (Copies.col_pv) needs a dense batch whose length is a "
                              f"multiple of 16, got {'a packed batch' if varlen else f'{seq} tokens'}")
         if c.needs_stats and st is None:
