@@ -105,7 +105,7 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
                   "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG",
                   "OUT_STRIDED": "TOKEN_MAJOR_OUT", "P_IN_PLACE": "P_IN_PLACE",
-                  "IN_PLACE": "A_IN_PLACE"}
+                  "IN_PLACE": "A_IN_PLACE", "TREE": "TREE_REDUCTIONS"}
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True,
@@ -210,8 +210,26 @@ def mma_loops(compiled) -> list[dict]:
                     loops.append(dict(instructions=len(body), mma=sum("GMMA" in x for x in body),
                                       waits=sum("WARPGROUP.DEPBAR" in x for x in body),
                                       stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body),
-                                      shfl=sum("SHFL" in x for x in body)))
+                                      shfl=sum("SHFL" in x for x in body), max_chain=_chain(body, "FMNMX"),
+                                      add_chain=_chain(body, "FADD")))
     return loops
+
+
+def _chain(body: list[str], opcode: str) -> int:
+    """The most ``opcode`` instructions (FMNMX, FADD) one after another on a path of register
+    dependencies through one pass of a loop's ``body`` (SASS, in order; its predicates and the
+    previous pass's values ignored): the row reductions' depth, which their latency multiplies."""
+    depth, best = {}, 0
+    for ins in body:
+        words = ins.split()
+        op = words[1] if words[0].startswith("@") else words[0]
+        regs = re.findall(r"\bR(\d+)\b", ins)
+        if not regs:
+            continue
+        here = max((depth.get(r, 0) for r in regs[1:]), default=0) + (op.split(".")[0] == opcode)
+        depth[regs[0]] = here
+        best = max(best, here)
+    return best
 
 
 def _sass_text(compiled) -> str:
@@ -270,7 +288,15 @@ def main(argv=None) -> int:
         builds += [(name, None, d, True, False, False) for name, module in (("dq_persistent", backward_dq_gluon),
                                                                             ("stats_persistent", backward_stats_gluon))
                    for d in module.HEAD_DIMS]
-        for name, layout, d, qdo_head, fma, q_in in builds:
+        # and the forward (as it runs by default) and the statistics kernel with their row reductions in
+        # the other form than the default (TREE_REDUCTIONS)
+        trees = {"fwd": forward_gluon, "stats": backward_stats_gluon}
+        builds = [(*build, None) for build in builds]
+        builds += [("fwd", next(iter(forward_gluon.LAYOUTS)), d, True, True, True, not forward_gluon.TREE_REDUCTIONS)
+                   for d in forward_gluon.HEAD_DIMS]
+        builds += [("stats", next(iter(backward_stats_gluon.LAYOUTS)), d, True, False, False,
+                    not backward_stats_gluon.TREE_REDUCTIONS) for d in backward_stats_gluon.HEAD_DIMS]
+        for name, layout, d, qdo_head, fma, q_in, tree in builds:
             # the persistent forms causal only: their per-block code is built both ways above
             for causal in (True, ) if name.endswith("_persistent") else (True, False):
                 module = layered.get(name)
@@ -279,24 +305,31 @@ def main(argv=None) -> int:
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):
                     setattr(module, n, value)
                 fma_default, exponent.FMA_EXPONENT = exponent.FMA_EXPONENT, fma
+                tree_module = trees.get(name.removesuffix("_persistent"))
+                tree_default = tree_module.TREE_REDUCTIONS if tree_module else None
+                if tree is not None:
+                    tree_module.TREE_REDUCTIONS = tree
                 try:
                     compiled = compile_gluon(name, d, causal, qdo_head=qdo_head, q_in=q_in)
                 finally:
                     for n, value in zip(names, default):
                         setattr(module, n, value)
                     exponent.FMA_EXPONENT = fma_default
+                    if tree_module:
+                        tree_module.TREE_REDUCTIONS = tree_default
                 if compiled is None:
                     print("this Triton has no Gluon")
                     return 3
                 rows.append(dict(kernel=name, layout=layout, d=d, causal=causal, qdo_head=qdo_head, fma_exponent=fma,
-                                 q_in=q_in,
+                                 q_in=q_in, tree=tree_default if tree is None else tree,
                                  shared=compiled.metadata.shared,
                                  spill_stores=sum(line.startswith("STL") for line in sass_lines(compiled)),
                                  mma_loops=mma_loops(compiled)))
                 if not args.json:
                     r = rows[-1]
                     label = ((layout or "") + ("" if qdo_head else " (Q, dO per token)")
-                             + (" (FMA exp.)" if fma else "") + (" (Q in kernel)" if q_in else ""))
+                             + (" (FMA exp.)" if fma else "") + (" (Q in kernel)" if q_in else "")
+                             + ("" if tree is None else f" (trees {'on' if tree else 'off'})"))
                     print(f"{name:5s} {label:16s} d={d:3d} causal={causal!s:5s} {r['shared']:6d} B shared "
                           f"memory, {r['spill_stores']} spill stores in all; MMA loops: {r['mma_loops']}")
         if args.json:

@@ -139,6 +139,23 @@ def test_compiles_for_sm90():
     assert all(loop["shfl"] <= 8 for r in rows if r["kernel"].startswith("fwd") for loop in r["mma_loops"]), rows
     # and dS's (dQ), Pᵀ's and dSᵀ's (dK/dV) likewise: those loops reduce nothing across threads
     assert all(loop["shfl"] == 0 for r in rows if r["kernel"].startswith(("dq", "dkdv")) for loop in r["mma_loops"])
+    # the row reductions as trees, the running sums (and the statistics' running maximum of |P·dP'|)
+    # per lane (TREE_REDUCTIONS): the longest chain of dependent FMNMX (FADD) in a loop pass is a few
+    # levels a tile (the statistics' pass holds two tiles), not the 31 values a row holds in a thread
+    # (statistics: 15), in no more instructions (the reshapes move no data; the shuffles of the
+    # running statistics leave the loop). With them off Triton 3.6 chains the values one after the
+    # other (forward 35 / 34, statistics 22-24 / 17), Triton 3.9 builds trees itself (9 / 8, 13 / 6).
+    for kernel in ("fwd", "stats"):
+        pairs = {}
+        for r in rows:
+            if r["kernel"] == kernel and r["layout"] == next(iter(LAYERED[kernel].LAYOUTS)):
+                pairs.setdefault((r["d"], r["causal"], r["qdo_head"], r["fma_exponent"], r["q_in"]), {})[r["tree"]] = r
+        both = [p for p in pairs.values() if len(p) == 2]
+        assert both, (kernel, "no build with the trees on and off")
+        for p in both:
+            for on, off in zip(p[True]["mma_loops"], p[False]["mma_loops"]):
+                assert on["max_chain"] <= 16 and on["add_chain"] <= 16, (kernel, on)
+                assert on["instructions"] <= off["instructions"] + 4 and on["shfl"] < off["shfl"], (kernel, on, off)
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
     fma = [r for r in rows if r["fma_exponent"]]
     assert {r["causal"] for r in fma} == {True, False}

@@ -35,9 +35,9 @@ if gluon is not None:
     import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
 
     from .gluon_hopper import (
-        a_operand_layout, gl, mbarrier, mma_layout, persistent_query_side_codes, persistent_query_side_producer,
-        program_entries, query_block, query_side_producer, ring_barriers, scheduled_block, warpgroup_mma,
-        warpgroup_mma_wait,
+        a_operand_layout, gl, lane_partials, lanes_to_rows, mbarrier, mma_layout, per_lane, persistent_query_side_codes,
+        persistent_query_side_producer, program_entries, query_block, query_side_producer, ring_barriers, row_reduce,
+        scheduled_block, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -57,6 +57,13 @@ CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.p
 # persistent_schedule.py; the next block's codes and key tiles loaded while the current one
 # finishes): the same bits.
 PERSISTENT = False
+# Each key tile's row maximum of S as a tree (gluon_hopper.row_reduce: 4 dependent steps for a row's
+# 16 values in a thread instead of Triton 3.6's chain of 15) and the running l, u (sums of P and
+# P·dP') and w (maximum of |P·dP'|) carried per lane, reduced across the row's 4 lanes once after the
+# last tile (gluon_hopper.lane_partials): offline (sm_90a, Triton 3.6) 636 -> 588 instructions and 32
+# -> 8 shuffles per two-tile pass, the longest FMNMX / FADD chain 22-24 / 17 -> 7-10 / 4. The maxima
+# (w's too: RN(a·alpha) is monotonic in a) the same bits; l and u rounded in another order.
+TREE_REDUCTIONS = False
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
@@ -101,26 +108,23 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
         _stats_persistent_kernel[(n_prog, )](
             *descs, table, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound, hq, groups, sq, sk, n_blk, qk_scale,
             HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
+            TREE=TREE_REDUCTIONS,
             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
         return
     _stats_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
-        PIPELINED=PIPELINED, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+        PIPELINED=PIPELINED, STAGES=STAGES, TREE=TREE_REDUCTIONS, CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
         maxnreg=MAXNREG)
 
 
 if gluon is not None:
     @gluon.jit
-    def _max_nan(a, b):
-        """Combine for ``gl.reduce``: a maximum that keeps NaN (as quantize.max_nan)."""
-        return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-    @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
                         MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        s_layout: gl.constexpr):
+                        s_layout: gl.constexpr, TREE: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's row statistics (the Triton launch's
         ``_dq_stats_tiles``), each tile's S and dP' issued and waited for in turn. SKIP: tiles no
         query of this warpgroup sees (the other one does): only their ring slots are released. Tile
@@ -135,17 +139,19 @@ if gluon is not None:
                                    is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
                 m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED, True, BLOCK_N,
-                                           s_layout)
+                                           s_layout, TREE)
             mbarrier.arrive(empty.index(slot), count=1)
         return m_i, l_i, u_i, w_i
 
     @gluon.jit
     def _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, MASKED: gl.constexpr, WAIT_DP: gl.constexpr,
-              BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+              BLOCK_N: gl.constexpr, s_layout: gl.constexpr, TREE: gl.constexpr):
         """Key tile t's products (``s`` = Q·Kᵀ of the codes, unscaled, complete; ``dp`` = dO·Vᵀ,
         still in flight with WAIT_DP: waited for once S's exponentials are formed) into the row
         statistics m, l, u, w (:func:`.backward_fp8.fold_matched_stats` with BOUND, the same fp32
-        operations per element). MASKED: the causal diagonal's tile."""
+        operations per element; TREE: the row reductions as trees, gluon_hopper.row_reduce). MASKED: the
+        causal diagonal's tile."""
+        rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         if MASKED:
             # S rounded by itself, as the Triton launch does on masked tiles: the key that sets a
             # row's maximum then gets the exponent 0 exactly, so a query that sees one key has
@@ -153,25 +159,34 @@ if gluon is not None:
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             vis = gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0)
             x = gl.where(vis, s * gl.expand_dims(sq, 1), float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(x, 1))
+            m_new = gl.maximum(m_i, row_reduce(x, "max", rows, TREE))
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
             e = gl.exp2(x - gl.expand_dims(m_safe, 1))
         else:
             # The row maximum of S = s · sq taken on s: rounding is monotonic and sq > 0, so
             # max_j RN(s_j sq) = RN(sq max_j s_j) bit for bit, and the exponent's FFMA (s · sq − m)
             # is the one product per element (offline SASS: 349 -> 319 instructions per tile).
-            m_new = gl.maximum(m_i, gl.max(s, 1) * sq)
+            m_new = gl.maximum(m_i, row_reduce(s, "max", rows, TREE) * sq)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
             e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(e, 1)
+        if TREE:  # l, u and w per lane, reduced across the row's lanes once after the last tile (_stats_rows)
+            l_i = l_i * per_lane(alpha, l_i) + lane_partials(e, "sum")
+        else:
+            l_i = l_i * alpha + gl.sum(e, 1)
         if WAIT_DP:
             dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         edp = e * dp
         if MASKED:
             edp = gl.where(vis, edp, 0.0)
-        u_i = u_i * alpha + gl.sum(edp, 1)
-        w_i = gl.maximum(w_i * alpha, gl.reduce(gl.abs(edp), 1, _max_nan), propagate_nan=tl.PropagateNan.ALL)
+        if TREE:  # w's maxima the same bits: RN(a·alpha) is monotonic in a
+            u_i = u_i * per_lane(alpha, u_i) + lane_partials(edp, "sum")
+            w_i = gl.maximum(w_i * per_lane(alpha, w_i), lane_partials(gl.abs(edp), "max_nan"),
+                             propagate_nan=tl.PropagateNan.ALL)
+        else:
+            u_i = u_i * alpha + gl.sum(edp, 1)
+            w_i = gl.maximum(w_i * alpha, row_reduce(gl.abs(edp), "max_nan", rows, False),
+                             propagate_nan=tl.PropagateNan.ALL)
         return m_new, l_i, u_i, w_i
 
     @gluon.jit
@@ -186,18 +201,20 @@ if gluon is not None:
 
     @gluon.jit
     def _pipelined_step(t, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, zero_s,
-                        queries, sq, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+                        queries, sq, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                        TREE: gl.constexpr):
         """Tile t + 1's products issued, tile t's complete ones (``s``, ``dp``) folded under them, then
         one wait; tile t's slot released. Returns the statistics and tile t + 1's products."""
         s_next, dp_next = _issue(t + 1, c0, q_reg, do_reg, k_smem, v_smem, ready, zero_s, STAGES)
-        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, False, BLOCK_N, s_layout)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t, False, False, BLOCK_N, s_layout, TREE)
         s_next, dp_next = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, dp_next))
         mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
         return m_i, l_i, u_i, w_i, s_next, dp_next
 
     @gluon.jit
     def _pipelined_tiles(t_end, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready, empty, queries, sq,
-                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                         TREE: gl.constexpr):
         """Key tiles 0 <= t <= t_end into the row statistics, each tile's S and dP' issued before the
         previous tile is folded (one wait per tile), two tiles per loop iteration so that the
         products alternate between two register sets instead of being copied; the last tile (the
@@ -209,15 +226,17 @@ if gluon is not None:
         t0 = t_end % 2  # an odd count of tiles before the last: one step first
         if t0 == 1:
             m_i, l_i, u_i, w_i, s, dp = _pipelined_step(0, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
-                                                        ready, empty, zero_s, queries, sq, BLOCK_N, STAGES, s_layout)
+                                                        ready, empty, zero_s, queries, sq, BLOCK_N, STAGES, s_layout,
+                                                        TREE)
         for t in range(t0, t_end, 2):
             m_i, l_i, u_i, w_i, s1, dp1 = _pipelined_step(t, c0, s, dp, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
                                                           ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
-                                                          s_layout)
+                                                          s_layout, TREE)
             m_i, l_i, u_i, w_i, s, dp = _pipelined_step(t + 1, c0, s1, dp1, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
                                                         v_smem, ready, empty, zero_s, queries, sq, BLOCK_N, STAGES,
-                                                        s_layout)
-        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, False, BLOCK_N, s_layout)
+                                                        s_layout, TREE)
+        m_i, l_i, u_i, w_i = _fold(s, dp, m_i, l_i, u_i, w_i, sq, queries, t_end, MASKED, False, BLOCK_N, s_layout,
+                                   TREE)
         mbarrier.arrive(empty.index((c0 + t_end) % STAGES), count=1)
         return m_i, l_i, u_i, w_i
 
@@ -225,7 +244,7 @@ if gluon is not None:
     def _consumer(q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA,
                   DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, WG: gl.constexpr, HALF_Q: gl.constexpr,
                   BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PIPELINED: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, TREE: gl.constexpr):
         """One warpgroup: the statistics of queries m0 + WG·64 .. + 64 of the program."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
@@ -236,7 +255,7 @@ if gluon is not None:
         q_reg = q_smem.index(WG).load(qa_layout)
         do_reg = do_smem.index(WG).load(qa_layout)
         _stats_rows(q_reg, do_reg, 0, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0, t_hi,
-                    queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES)
+                    queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES, TREE)
 
     @gluon.jit
     def _row_factors(QRS, KRS, VRS, DORS, bh_q, bh_k, SQ, SK, q0, qk_scale, HALF_Q: gl.constexpr,
@@ -252,7 +271,7 @@ if gluon is not None:
     @gluon.jit
     def _stats_rows(q_reg, do_reg, c0, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0, t_hi,
                     queries, sq, sdo, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                    PIPELINED: gl.constexpr, STAGES: gl.constexpr):
+                    PIPELINED: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr):
         """A warpgroup's statistics of queries q0 .. q0 + HALF_Q from their codes ``q_reg``, ``do_reg``
         and :func:`_row_factors`: key tiles 0 <= t < t_hi (ring positions c0 + t), then LSE', D',
         LSE'^do and the dS bound, written."""
@@ -260,30 +279,40 @@ if gluon is not None:
         rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         stat = bh_q * SQ + queries
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows)
-        l_i = gl.zeros([HALF_Q], gl.float32, rows)
-        u_i = gl.zeros([HALF_Q], gl.float32, rows)
-        w_i = gl.zeros([HALF_Q], gl.float32, rows)
+        if TREE:  # l, u and w per lane (_fold)
+            l_i = lane_partials(gl.zeros([HALF_Q, BLOCK_N], gl.float32, s_layout), "sum")
+            u_i = l_i
+            w_i = l_i
+        else:
+            l_i = gl.zeros([HALF_Q], gl.float32, rows)
+            u_i = gl.zeros([HALF_Q], gl.float32, rows)
+            w_i = gl.zeros([HALF_Q], gl.float32, rows)
         if PIPELINED:  # up to the diagonal (causal, then the rest unseen) or every tile
             t_end = q0 // BLOCK_N if CAUSAL else t_hi - 1
             m_i, l_i, u_i, w_i = _pipelined_tiles(t_end, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
-                                                  empty, queries, sq, CAUSAL, BLOCK_N, STAGES, s_layout)
+                                                  empty, queries, sq, CAUSAL, BLOCK_N, STAGES, s_layout, TREE)
             if CAUSAL:
                 m_i, l_i, u_i, w_i = _consumer_tiles(t_end + 1, t_hi, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem,
                                                      v_smem, ready, empty, queries, sq, False, True, BLOCK_N,
-                                                     STAGES, s_layout)
+                                                     STAGES, s_layout, TREE)
         elif CAUSAL:  # key tiles before this warpgroup's diagonal, the diagonal (masked), the rest unseen
             t_diag = q0 // BLOCK_N
             m_i, l_i, u_i, w_i = _consumer_tiles(0, t_diag, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem,
-                                                 ready, empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
+                                                 ready, empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout,
+                                                 TREE)
             m_i, l_i, u_i, w_i = _consumer_tiles(t_diag, t_diag + HALF_Q // BLOCK_N, c0, m_i, l_i, u_i, w_i, q_reg,
                                                  do_reg, k_smem, v_smem, ready, empty, queries, sq, True, False,
-                                                 BLOCK_N, STAGES, s_layout)
+                                                 BLOCK_N, STAGES, s_layout, TREE)
             m_i, l_i, u_i, w_i = _consumer_tiles(t_diag + HALF_Q // BLOCK_N, t_hi, c0, m_i, l_i, u_i, w_i, q_reg,
                                                  do_reg, k_smem, v_smem, ready, empty, queries, sq, False, True,
-                                                 BLOCK_N, STAGES, s_layout)
+                                                 BLOCK_N, STAGES, s_layout, TREE)
         else:
             m_i, l_i, u_i, w_i = _consumer_tiles(0, t_hi, c0, m_i, l_i, u_i, w_i, q_reg, do_reg, k_smem, v_smem, ready,
-                                                 empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout)
+                                                 empty, queries, sq, False, False, BLOCK_N, STAGES, s_layout, TREE)
+        if TREE:
+            l_i = lanes_to_rows(l_i, "sum", rows)
+            u_i = lanes_to_rows(u_i, "sum", rows)
+            w_i = lanes_to_rows(w_i, "max_nan", rows)
         # The Triton launch's epilogue (MATCHED, DS_HEAD): LSE', D', LSE'^do, then the dS bound.
         empty_row = l_i == 0.0
         lse2 = gl.where(empty_row, float("-inf"), m_i + gl.log2(gl.where(empty_row, 1.0, l_i)))
@@ -303,7 +332,7 @@ if gluon is not None:
     def _persistent_consumer(q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G,
                              QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, WG: gl.constexpr,
                              HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                             PIPELINED: gl.constexpr, STAGES: gl.constexpr):
+                             PIPELINED: gl.constexpr, STAGES: gl.constexpr, TREE: gl.constexpr):
         """One warpgroup of a persistent program over entries i0 <= j < i1 of its schedule: per block
         :func:`_consumer`'s work (Q's and dO's codes in registers, then the buffers released to the
         producer for the next block), the ring's positions running on across blocks."""
@@ -317,7 +346,7 @@ if gluon is not None:
                                             gl.SliceLayout(1, s_layout))
             q_reg, do_reg = persistent_query_side_codes(q_smem, do_smem, q_bar, q_free, j - i0, WG, qa_layout)
             _stats_rows(q_reg, do_reg, c, k_smem, v_smem, ready, empty, LSE2, LSE2DO, DELTA, DS_BOUND, bh_q, SQ, q0,
-                        t_hi, queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES)
+                        t_hi, queries, sq, sdo, HALF_Q, BLOCK_N, CAUSAL, PIPELINED, STAGES, TREE)
             c += t_hi
 
     @gluon.jit
@@ -330,6 +359,7 @@ if gluon is not None:
         H, G, SQ, SK, qk_scale,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
         PIPELINED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        TREE: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
@@ -342,10 +372,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
                          DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 0, HALF_Q, BLOCK_N, D, CAUSAL,
-                         PIPELINED, STAGES)),
+                         PIPELINED, STAGES, TREE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, QRS, KRS, VRS, DORS, LSE2, LSE2DO,
                          DELTA, DS_BOUND, bh_q, bh_k, SQ, SK, m0, t_hi, qk_scale, 1, HALF_Q, BLOCK_N, D, CAUSAL,
-                         PIPELINED, STAGES)),
+                         PIPELINED, STAGES, TREE)),
             (query_side_producer, (q_desc, do_desc, k_desc, v_desc, None, q_smem, do_smem, k_smem, v_smem, None,
                                    q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, 0, t_hi, HALF_Q, BLOCK_N,
                                    STAGES)),  # no transposed K: the statistics form no dQ
@@ -360,6 +390,7 @@ if gluon is not None:
         H, G, SQ, SK, N_BLK, qk_scale,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
         PIPELINED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        TREE: gl.constexpr,
     ):
         """_stats_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
         blocks, the same bits."""
@@ -374,10 +405,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
                                     H, G, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, 0,
-                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES)),
+                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES, TREE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
                                     H, G, QRS, KRS, VRS, DORS, LSE2, LSE2DO, DELTA, DS_BOUND, SQ, SK, qk_scale, 1,
-                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES)),
+                                    HALF_Q, BLOCK_N, D, CAUSAL, PIPELINED, STAGES, TREE)),
             (persistent_query_side_producer, (q_desc, do_desc, k_desc, v_desc, None, q_smem, do_smem, k_smem, v_smem,
                                               None, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H, G, SQ, SK,
                                               HALF_Q, BLOCK_N, D, CAUSAL, STAGES)),

@@ -57,9 +57,9 @@ from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_codes, a_operand_layout, e4m3_codes, fence_async_shared, gl, mbarrier, mma_layout, mul_rn,
-        query_block, query_side_producer, ring_barriers, row_amax_nan, scale_from_amax, thread_barrier, warpgroup_mma,
-        warpgroup_mma_wait,
+        a_operand_codes, a_operand_layout, e4m3_codes, fence_async_shared, gl, lane_partials, lanes_to_rows, mbarrier,
+        mma_layout, mul_rn, per_lane, query_block, query_side_producer, ring_barriers, row_amax_nan, row_reduce,
+        scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (128, )
@@ -109,6 +109,13 @@ PERSISTENT = True
 # FP8 A operand's layout (16 shuffles, 16 selects and 16 byte permutes per thread and key tile): offline
 # (sm_90a, Triton 3.6) 483 -> 435 instructions per tile in the interior loop; the same products.
 P_IN_PLACE = True
+# Each key tile's row maximum as a tree (gluon_hopper.row_reduce: 5 dependent steps for a row's 32
+# values in a thread instead of Triton 3.6's chain of 31) and l's row sums carried per lane, reduced
+# across the row's 4 lanes once after the last tile (gluon_hopper.lane_partials): offline (sm_90a,
+# Triton 3.6) 436 -> 430 instructions and 8 -> 4 shuffles per tile in the interior loop, the longest
+# FMNMX / FADD chain 35 / 34 -> 9 / 6. The maximum the same bits; l (so O and LSE) rounded in another
+# order.
+TREE_REDUCTIONS = False
 
 
 def _runs_persistent() -> bool:
@@ -209,7 +216,7 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,
         OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
         HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES,
-        LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), P_IN_PLACE=P_IN_PLACE,
+        LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), P_IN_PLACE=P_IN_PLACE, TREE=TREE_REDUCTIONS,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
@@ -258,14 +265,14 @@ if gluon is not None:
     @gluon.jit
     def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
                       LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                      FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
+                      FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
         forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score, or,
         FMA_EXP, each exponent as one FMA from the log2 units (module docstring)."""
         if MASKED:
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             x = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), x, float("-inf"))
-        m_t = gl.max(x, 1)
+        m_t = row_reduce(x, "max", gl.SliceLayout(1, s_layout), TREE)
         m_new = gl.maximum(m_i, m_t)
         r_t = gl.maximum(m_t, m_new - slack_x)
         if MASKED:  # rows with no visible key so far keep every exponent finite
@@ -277,7 +284,10 @@ if gluon is not None:
         else:
             p = gl.exp2((x - gl.expand_dims(r_ref, 1)) * gl.expand_dims(q2, 1) + LOG2_PMAX)
         gamma = gl.exp2((r_i - r_ref) * q2)
-        l_i = l_i * gamma + gl.sum(p, 1)
+        if TREE:  # l per lane, reduced across the row's lanes once after the last tile (_attend_rows)
+            l_i = l_i * per_lane(gamma, l_i) + lane_partials(p, "sum")
+        else:
+            l_i = l_i * gamma + gl.sum(p, 1)
         p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
         return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
 
@@ -285,7 +295,7 @@ if gluon is not None:
     def _consumer_tiles(t_a, t_b, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
                         MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
                         s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr,
-                        P_IN_PLACE: gl.constexpr):
+                        P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's running (acc, l, m, r), each tile's S waited
         for, then its P·V; tile t sits at position c0 + t of the ring's sequence of tiles (c0: the
         tiles of the program's earlier query blocks, 0 but in the persistent kernel)."""
@@ -296,7 +306,7 @@ if gluon is not None:
             x = warpgroup_mma(q_op, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
             acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(empty.index(slot), count=1)
@@ -320,7 +330,7 @@ if gluon is not None:
                                slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                                pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                               FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
+                               FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
         both products of a warpgroup at once while the other warpgroup works on its scores.
@@ -334,7 +344,7 @@ if gluon is not None:
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
-                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
+                                                   LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
             _take_turn(turn, t + 1, WG, PINGPONG)
             acc = warpgroup_mma(p8, vt_smem.index((c0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
             nxt = (c0 + t + 1) % STAGES
@@ -345,7 +355,7 @@ if gluon is not None:
             mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
-                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
+                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
         _take_turn(turn, t_hi, WG, PINGPONG)
         acc = warpgroup_mma(p8, vt_smem.index((c0 + last) % STAGES).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
@@ -357,25 +367,25 @@ if gluon is not None:
     def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
                        BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr,
                        STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                       WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr):
+                       WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (at ring positions c0 + t) into one warpgroup's running (acc, l, m,
         r), in the schedule MERGED picks (causal: the last tile, the program's diagonal one, masked)."""
         if MERGED:
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                         empty, turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
                                                         LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP,
-                                                        P_IN_PLACE)
+                                                        P_IN_PLACE, TREE)
         elif CAUSAL:
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX,
-                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
+                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
             acc, l_i, m_i, r_i = _consumer_tiles(t_hi - 1, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, True, BLOCK_N, STAGES, LOG2_PMAX,
-                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE)
+                                                 s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
         else:
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                  queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
-                                                 pa_layout, FMA_EXP, P_IN_PLACE)
+                                                 pa_layout, FMA_EXP, P_IN_PLACE, TREE)
         return acc, l_i, m_i, r_i
 
     @gluon.jit
@@ -384,7 +394,7 @@ if gluon is not None:
                   Q_HEAD: gl.constexpr, POW2: gl.constexpr, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
                   Q_REGS: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
-                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, P_IN_PLACE: gl.constexpr):
+                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their O and LSE. Q_IN: it
         makes their codes from the input Q into its half of ``q_smem`` (:func:`_rotated_q_codes`), else
         they come there by TMA (``h_smem`` unused)."""
@@ -410,14 +420,14 @@ if gluon is not None:
             mbarrier.arrive(turn.index(0), count=1)
         _attend_rows(q_op, q2, q0, 0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
                      bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG, STAGES,
-                     LOG2_PMAX, FMA_BOUND, P_IN_PLACE)
+                     LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)
 
     @gluon.jit
     def _attend_rows(q_op, q2, q0, c0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
                      bh_k, SQ, NT_K, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr, HALF_Q: gl.constexpr,
                      BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
                      PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr,
-                     P_IN_PLACE: gl.constexpr):
+                     P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """A warpgroup's 64 queries q0 .. q0 + 64 of (batch · query head) ``bh_q``, their codes ``q_op``
         (shared memory or registers) and row factors ``q2`` (HALF_Q,) set: key tiles 0 <= t < t_hi (at
         ring positions c0 + t) into their O (scaled by the sequence's channel scales of V) and LSE,
@@ -429,7 +439,10 @@ if gluon is not None:
         queries = q0 + gl.arange(0, HALF_Q, layout=rows_s)
         slack_x = slack / q2
         acc = gl.zeros([HALF_Q, D], gl.float32, o_layout)
-        l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
+        if TREE:  # l's partial sums per lane (_softmax_tile)
+            l_i = lane_partials(gl.zeros([HALF_Q, BLOCK_N], gl.float32, s_layout), "sum")
+        else:
+            l_i = gl.zeros([HALF_Q], gl.float32, rows_s)
         m_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         r_i = gl.full([HALF_Q], float("-inf"), gl.float32, rows_s)
         fma = False  # FMA_BOUND 0: the exact form, and the FMA loop is not compiled
@@ -443,11 +456,13 @@ if gluon is not None:
         if fma:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                 turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, True, P_IN_PLACE)
+                                                LOG2_PMAX, s_layout, pa_layout, WG, True, P_IN_PLACE, TREE)
         else:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
                                                 turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, False, P_IN_PLACE)
+                                                LOG2_PMAX, s_layout, pa_layout, WG, False, P_IN_PLACE, TREE)
+        if TREE:
+            l_i = lanes_to_rows(l_i, "sum", rows_s)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         acc = acc * gl.expand_dims(gl.load(VS + bh_k * NT_K * D + chan), 0)  # the sequence's channel scales, once
         empty_row = l_i == 0.0  # no visible key: O = 0, LSE = -inf (NaN rows keep NaN)
@@ -494,6 +509,7 @@ if gluon is not None:
         LOG2_PMAX: gl.constexpr,
         FMA_BOUND: gl.constexpr,
         P_IN_PLACE: gl.constexpr,
+        TREE: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
     ):
@@ -526,11 +542,11 @@ if gluon is not None:
             (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
                          VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
                          Q_HEAD, POW2, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
-                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE)),
+                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)),
             (_consumer, (q_smem, h_smem, k_smem, vt_smem, q_bar, ready, empty, turn, Q, q_row0, Q_SS, QAMAX, QS, KS,
                          VS, OUT, out_row0, OUT_SS, LSE, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, slack, Q_IN,
                          Q_HEAD, POW2, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D, CAUSAL, Q_REGS, MERGED, PINGPONG, STAGES,
-                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE)),
+                         LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)),
             (query_side_producer, (q_desc, None, k_desc, None, vt_desc, q_smem, None, k_smem, None, vt_smem, q_bar,
                                    ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q, BLOCK_N, STAGES,
                                    h_desc, h_smem)),

@@ -141,6 +141,7 @@ def descriptor(codes_2d: torch.Tensor, block: tuple[int, int]) -> "TensorDescrip
 
 
 if gluon is not None:
+    import triton.language as tl  # Gluon's maximum takes Triton's PropagateNan
     # The TMA load was renamed between Triton 3.6 (async_copy_global_to_shared) and 3.7 (async_load).
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     # The barrier of a CTA's (or, in a warp-specialised partition, the partition's) threads: renamed
@@ -234,6 +235,87 @@ if gluon is not None:
         """max over each row of |x (R, C)|, NaN where the row holds one (as quantize.abs_max)."""
         amax = gl.max(gl.abs(x), 1)
         return gl.where(gl.sum((x != x).to(gl.int32), 1) > 0, float("nan"), amax)
+
+    @gluon.jit
+    def _max_combine(a, b):
+        return gl.maximum(a, b)
+
+    @gluon.jit
+    def _max_nan_combine(a, b):
+        return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @gluon.jit
+    def _add_combine(a, b):
+        return a + b
+
+    @gluon.jit
+    def _reduce_columns(x, KIND: gl.constexpr):
+        """``x (R, C)`` reduced over its columns: KIND "max" (``gl.max``'s: NaN ignored), "max_nan"
+        (NaN kept, as quantize.max_nan) or "sum"."""
+        if KIND == "max":
+            return gl.reduce(x, 1, _max_combine)
+        elif KIND == "max_nan":
+            return gl.reduce(x, 1, _max_nan_combine)
+        else:
+            gl.static_assert(KIND == "sum", "row_reduce: KIND is max, max_nan or sum")
+            return gl.reduce(x, 1, _add_combine)
+
+    @gluon.jit
+    def _fold_halves(x, KIND: gl.constexpr):
+        """``x (R, C)`` into (R, C / 2): columns c and c + C / 2 reduced (KIND, :func:`_reduce_columns`)."""
+        return _reduce_columns(gl.reshape(x, [x.shape[0], 2, x.shape[1] // 2]), KIND)
+
+    @gluon.jit
+    def _thread_tree(x, KIND: gl.constexpr):
+        """An MMA accumulator ``x (R, C)`` (C a power of two, 8 to 256) folded into (R, 8) as a tree
+        (:func:`_fold_halves`): mma_layout's column bit 0 is a register, bits 1-2 lanes and 3 and up
+        registers, so each level combines two registers of a thread and the reshapes move no data."""
+        if x.shape[1] >= 256:
+            x = _fold_halves(x, KIND)
+        if x.shape[1] >= 128:
+            x = _fold_halves(x, KIND)
+        if x.shape[1] >= 64:
+            x = _fold_halves(x, KIND)
+        if x.shape[1] >= 32:
+            x = _fold_halves(x, KIND)
+        if x.shape[1] >= 16:
+            x = _fold_halves(x, KIND)
+        return x
+
+    @gluon.jit
+    def row_reduce(x, KIND: gl.constexpr, rows: gl.constexpr, TREE: gl.constexpr):
+        """Each row of an MMA accumulator ``x (R, C)`` (C a power of two, at most 256) reduced (KIND:
+        "max", "max_nan" or "sum", :func:`_reduce_columns`), returned (R,) in ``rows`` (its
+        SliceLayout(1, ·)). TREE: the values a thread holds as a tree (:func:`_thread_tree`), then
+        the last two in the thread and two shuffles across the row's 4 lanes, so a row's 32 values in
+        a thread (C = 128) take 5 dependent steps instead of a chain of 31 (Triton 3.6's ``gl.reduce``;
+        offline SASS: the same instruction count). The maxima are the same bits (their order does not
+        matter); a sum is rounded in another order."""
+        if TREE:
+            return gl.convert_layout(_reduce_columns(_thread_tree(x, KIND), KIND), rows, assert_trivial=True)
+        else:
+            return _reduce_columns(x, KIND)
+
+    @gluon.jit
+    def lane_partials(x, KIND: gl.constexpr):
+        """Each row of an MMA accumulator ``x (R, C)`` (C a power of two, 8 to 256) reduced within
+        each of the row's 4 lanes only: (R, 4), one value a lane, no shuffle (:func:`_thread_tree`,
+        then the thread's last two). For running row statistics read only at the end (a sum, a
+        maximum): carried per lane and reduced across lanes once (:func:`lanes_to_rows`)."""
+        y = _thread_tree(x, KIND)
+        return _reduce_columns(gl.reshape(y, [y.shape[0], 4, 2]).permute(0, 2, 1), KIND)
+
+    @gluon.jit
+    def lanes_to_rows(part, KIND: gl.constexpr, rows: gl.constexpr):
+        """Per-lane partials ``part (R, 4)`` (:func:`lane_partials`) reduced across the lanes: (R,)
+        in ``rows`` (the accumulator's row layout)."""
+        return gl.convert_layout(_reduce_columns(part, KIND), rows, assert_trivial=True)
+
+    @gluon.jit
+    def per_lane(v, part):
+        """A row vector ``v (R,)`` in the accumulator's row layout as (R, 1) in the layout of per-lane
+        partials ``part (R, 4)``, to scale them (the same registers: each lane holds its rows')."""
+        return gl.expand_dims(gl.convert_layout(v, gl.SliceLayout(1, part.type.layout), assert_trivial=True), 1)
 
     @gluon.jit
     def mul_rn(a, b):
