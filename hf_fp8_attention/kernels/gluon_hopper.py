@@ -237,28 +237,20 @@ if gluon is not None:
         return gl.where(gl.sum((x != x).to(gl.int32), 1) > 0, float("nan"), amax)
 
     @gluon.jit
-    def _max_combine(a, b):
-        return gl.maximum(a, b)
-
-    @gluon.jit
     def _max_nan_combine(a, b):
         return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-    @gluon.jit
-    def _add_combine(a, b):
-        return a + b
 
     @gluon.jit
     def _reduce_columns(x, KIND: gl.constexpr):
         """``x (R, C)`` reduced over its columns: KIND "max" (``gl.max``'s: NaN ignored), "max_nan"
         (NaN kept, as quantize.max_nan) or "sum"."""
         if KIND == "max":
-            return gl.reduce(x, 1, _max_combine)
+            return gl.max(x, 1)
         elif KIND == "max_nan":
             return gl.reduce(x, 1, _max_nan_combine)
         else:
             gl.static_assert(KIND == "sum", "row_reduce: KIND is max, max_nan or sum")
-            return gl.reduce(x, 1, _add_combine)
+            return gl.sum(x, 1)
 
     @gluon.jit
     def _fold_halves(x, KIND: gl.constexpr):
