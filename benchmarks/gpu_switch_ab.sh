@@ -3,8 +3,8 @@
 # (benchmarks/pytest_kernel_switches.py), then switch_ab.py's timing of the op with the switch on
 # and off (CUDA graph, the same bits checked). Logs and results under $OUT (default
 # /tmp/gpu_switch_ab_out).
-#   SWITCH=backward.A_IN_PLACE_TRITON TESTS="tests/gpu/test_backward_kernel.py tests/gpu/test_recipes_kernel.py" \
-#     bash benchmarks/gpu_switch_ab.sh --dim 64 --op bwd
+#   SWITCH=forward_gluon.TREE_REDUCTIONS TESTS="tests/gpu/test_gluon_forward.py" \
+#     bash benchmarks/gpu_switch_ab.sh --op fwd
 # Env: SWITCH (module.NAME[+module.NAME...], required), TESTS (pytest paths, default tests/gpu),
 #      TESTS_K (pytest -k expression, default all), TEST_S / AB_S (time limits, s), SKIP_TESTS=1,
 #      TAG (results name, default switch_ab). Arguments go to switch_ab.py.

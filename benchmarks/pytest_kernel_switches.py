@@ -5,7 +5,7 @@ set, so that a switch that is still off can be tested on a GPU before it is turn
 switch_ab.py's ``--set``), applied when pytest configures, in every pytest-xdist worker too (each
 reads the variable); the header names them. A name that is not such a boolean stops the run.
 
-    KERNEL_SWITCHES=backward.A_IN_PLACE_TRITON=1 python -m pytest -m gpu -p pytest_kernel_switches tests/gpu
+    KERNEL_SWITCHES=forward_gluon.TREE_REDUCTIONS=1 python -m pytest -m gpu -p pytest_kernel_switches tests/gpu
 """
 from __future__ import annotations
 

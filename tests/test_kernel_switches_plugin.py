@@ -10,15 +10,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = '''
-from hf_fp8_attention.kernels import backward, forward
+from hf_fp8_attention.kernels import forward, forward_gluon
 
 
 def test_switches_are_set():
-    assert backward.A_IN_PLACE_TRITON is True and forward.P_IN_PLACE_TRITON is False
+    assert forward_gluon.TREE_REDUCTIONS is True and forward.P_IN_PLACE_TRITON is False
 
 
 def test_in_every_worker():
-    assert backward.A_IN_PLACE_TRITON is True and forward.P_IN_PLACE_TRITON is False
+    assert forward_gluon.TREE_REDUCTIONS is True and forward.P_IN_PLACE_TRITON is False
 '''
 
 
@@ -33,9 +33,9 @@ def _run(project: Path, switches: str, *args: str) -> subprocess.CompletedProces
 def test_switches_reach_every_worker_and_bad_names_stop_the_run(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_sample.py").write_text(TESTS)
-    ok = _run(tmp_path, "backward.A_IN_PLACE_TRITON=1,forward.P_IN_PLACE_TRITON=0", "-n", "2")
+    ok = _run(tmp_path, "forward_gluon.TREE_REDUCTIONS=1,forward.P_IN_PLACE_TRITON=0", "-n", "2")
     out = ok.stdout + ok.stderr
     assert ok.returncode == 0, out
-    assert "2 passed" in out and "kernel switches (KERNEL_SWITCHES): backward.A_IN_PLACE_TRITON=1" in out
+    assert "2 passed" in out and "kernel switches (KERNEL_SWITCHES): forward_gluon.TREE_REDUCTIONS=1" in out
     bad = _run(tmp_path, "backward.NO_SUCH_SWITCH=1")
     assert bad.returncode != 0 and "'backward.NO_SUCH_SWITCH' is not module.NAME" in bad.stdout + bad.stderr

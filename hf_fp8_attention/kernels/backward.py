@@ -181,8 +181,9 @@ _MAX_PIPELINED_BLOCK = 128
 # accumulator's order (backward_fp8._a_operand), K's, Q's and dO's channel-wise copies written to match
 # (quantize.Copies.col_pv), on dense batches whose contracted length is a multiple of 16: the Gluon
 # launches' A_IN_PLACE (4-6% off their time on the H100) for the shapes the Triton ones run (head dims
-# other than 128, packed batches excluded). Off until timed on a GPU (benchmarks/NOTES.md, "Backward").
-A_IN_PLACE_TRITON = False
+# other than 128, packed batches excluded). On the H100 at head dim 64 (16k tokens, H = 16, CUDA
+# graph) the backward took 0.908-0.966x of its time, the same bits (benchmarks/NOTES.md, "Backward").
+A_IN_PLACE_TRITON = True
 
 
 def launch_table(dp: int) -> dict:

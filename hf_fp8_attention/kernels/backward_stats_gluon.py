@@ -62,7 +62,9 @@ PERSISTENT = False
 # P·dP') and w (maximum of |P·dP'|) carried per lane, reduced across the row's 4 lanes once after the
 # last tile (gluon_hopper.lane_partials): offline (sm_90a, Triton 3.6) 636 -> 588 instructions and 32
 # -> 8 shuffles per two-tile pass, the longest FMNMX / FADD chain 22-24 / 17 -> 7-10 / 4. The maxima
-# (w's too: RN(a·alpha) is monotonic in a) the same bits; l and u rounded in another order.
+# (w's too: RN(a·alpha) is monotonic in a) the same bits; l and u rounded in another order. Off: on
+# the H100 (16k tokens, H = 16, CUDA graph) the backward took 0.981-1.016x of its time with it, no
+# change beyond the run's noise (benchmarks/NOTES.md, "Backward").
 TREE_REDUCTIONS = False
 
 

@@ -114,7 +114,9 @@ P_IN_PLACE = True
 # across the row's 4 lanes once after the last tile (gluon_hopper.lane_partials): offline (sm_90a,
 # Triton 3.6) 436 -> 430 instructions and 8 -> 4 shuffles per tile in the interior loop, the longest
 # FMNMX / FADD chain 35 / 34 -> 9 / 6. The maximum the same bits; l (so O and LSE) rounded in another
-# order.
+# order. Off: on the H100 (16k tokens, H = 16, CUDA graph) the forward took 4.6-6.7% more time with
+# it at all four shapes; the ping-pong of the warpgroups then gained 0-5.6% in the per-block kernel,
+# still short of this default (benchmarks/NOTES.md, "Forward").
 TREE_REDUCTIONS = False
 
 
