@@ -144,7 +144,7 @@ def test_compiles_for_sm90():
     # levels a tile (the statistics' pass holds two tiles), not the 31 values a row holds in a thread
     # (statistics: 15), in no more instructions (the reshapes move no data; the shuffles of the
     # running statistics leave the loop). With them off Triton 3.6 chains the values one after the
-    # other (forward 35 / 34, statistics 22-24 / 17), Triton 3.9 builds trees itself (9 / 8, 13 / 6).
+    # other (forward 35 / 34, statistics 22-24 / 17), Triton 3.9 builds trees itself (9 / 8, 12 / 6).
     for kernel in ("fwd", "stats"):
         pairs = {}
         for r in rows:
@@ -282,11 +282,14 @@ def test_backward_copies_come_in_the_kernels_orders(dq, dkdv, one_sweep, triton_
     assert not vc.col_pv
 
 
+@pytest.mark.parametrize("triton_in_place", [True, False])
 @pytest.mark.parametrize("dq", [True, False])
-def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, monkeypatch):
+def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, triton_in_place, monkeypatch):
     """A forward that hands K's copies over (``forward.HAND_OVER_KV_COPIES``) makes K's channel-wise
-    copy in the order the backward's dQ launch will take (``backward.dq_keys_in_pv_order``)."""
+    copy in the order the backward's dQ launch will take (``backward.dq_keys_in_pv_order``): the Gluon
+    launch's, else the Triton one's (``backward.A_IN_PLACE_TRITON``)."""
     seen, spy = _copies_spy()
+    monkeypatch.setattr(backward, "A_IN_PLACE_TRITON", triton_in_place)
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
     monkeypatch.setattr(forward, "takes_kv_copies", lambda *args: True)
     monkeypatch.setattr(forward, "gluon_runs", lambda *args: False)
@@ -297,19 +300,24 @@ def test_handed_over_k_copy_comes_in_the_order_its_dq_takes(dq, monkeypatch):
         forward.triton_forward(q, q, q, scale=1.0, mask=CAUSAL, config=FP8AttentionConfig.from_recipe("fp8_delta"),
                                for_backward={})
     (k_copies, v_copies), = seen
-    assert k_copies.col and k_copies.col_pv is dq
+    assert k_copies.col and k_copies.col_pv is (dq or triton_in_place)
     assert v_copies.col_pv is forward.P_IN_PLACE_TRITON  # the Triton forward's P·V order
 
 
-def test_a_handed_over_copy_in_the_other_order_is_refused(monkeypatch):
-    """K's channel-wise copy handed over in the Gluon dQ's order meets a backward whose dQ launch takes
-    token order: a RuntimeError naming both, not a wrong gradient (K and V may be stand-ins then, so
-    no copy can be made instead)."""
+@pytest.mark.parametrize("handed_in_place", [True, False])
+def test_a_handed_over_copy_in_the_other_order_is_refused(handed_in_place, monkeypatch):
+    """K's channel-wise copy handed over in one order (the dQ launch's in-place operand order, or
+    token order) meets a backward whose Triton dQ launch takes the other (``A_IN_PLACE_TRITON``): a
+    RuntimeError naming both, not a wrong gradient (K and V may be stand-ins then, so no copy can be
+    made instead)."""
+    monkeypatch.setattr(backward, "A_IN_PLACE_TRITON", not handed_in_place)
     monkeypatch.setattr(backward, "_gluon_runs", lambda *args: False)
     monkeypatch.setattr(backward, "stats_then_copies", lambda xs, copies, **kwargs: (None, [(None, ) * 5] * 2))
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
-    handed = [((None, ) * 5, (None, ) * 5, True)]
-    with pytest.raises(RuntimeError, match="handed over by the forward.*in-place operand order.*token order"):
+    handed = [((None, ) * 5, (None, ) * 5, handed_in_place)]
+    orders = ("in-place operand order", "token order") if handed_in_place else ("token order", "in-place operand order")
+    with pytest.raises(RuntimeError, match="handed over by the forward holds its keys in .*{}, this backward's dQ "
+                                           "launch takes .*{}".format(*orders)):
         backward.triton_backward(q, q, q, q, torch.zeros(1, 2, 256), q, scale=1.0, mask=CAUSAL,
                                  config=FP8AttentionConfig.from_recipe("fp8_delta"), kv_copies=handed)
     assert handed == []  # taken out, as a matching one is

@@ -110,16 +110,15 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
         _stats_persistent_kernel[(n_prog, )](
             *descs, table, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound, hq, groups, sq, sk, n_blk, qk_scale,
             HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
-            TREE=TREE_REDUCTIONS,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+            TREE=TREE_REDUCTIONS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+            maxnreg=MAXNREG)
         return
     _stats_kernel[(sq // BLOCK_M, b * hq)](
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
         PIPELINED=PIPELINED, STAGES=STAGES, TREE=TREE_REDUCTIONS, CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-        maxnreg=MAXNREG)
+        PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
 
 if gluon is not None:
@@ -151,8 +150,8 @@ if gluon is not None:
         """Key tile t's products (``s`` = Q·Kᵀ of the codes, unscaled, complete; ``dp`` = dO·Vᵀ,
         still in flight with WAIT_DP: waited for once S's exponentials are formed) into the row
         statistics m, l, u, w (:func:`.backward_fp8.fold_matched_stats` with BOUND, the same fp32
-        operations per element; TREE: the row reductions as trees, gluon_hopper.row_reduce). MASKED: the
-        causal diagonal's tile."""
+        operations per element; TREE: S's maximum as a tree and l, u, w per lane, as (HALF_Q, 4),
+        gluon_hopper.row_reduce and lane_partials). MASKED: the causal diagonal's tile."""
         rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         if MASKED:
             # S rounded by itself, as the Triton launch does on masked tiles: the key that sets a

@@ -91,7 +91,8 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
         qk_scale, slack, Q_IN=q_in, Q_HEAD=q_head_amax is not None, POW2=pow2, OUT_STRIDED=fg.TOKEN_MAJOR_OUT,
         HALF_Q=fg.HALF_Q, BLOCK_N=fg.BLOCK_N, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.MERGED_WAITS,
         STAGES=fg.STAGES, LOG2_PMAX=fg.LOG2_PMAX, FMA_BOUND=fg.fma_bound(), P_IN_PLACE=fg.P_IN_PLACE,
-        TREE=fg.TREE_REDUCTIONS, CONSUMER_REGS=fg.CONSUMER_REGS, PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4, maxnreg=fg.MAXNREG)
+        TREE=fg.TREE_REDUCTIONS, CONSUMER_REGS=fg.CONSUMER_REGS, PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4,
+        maxnreg=fg.MAXNREG)
 
 
 if gluon is not None:
