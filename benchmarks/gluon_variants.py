@@ -49,6 +49,9 @@ VARIANTS = {
     "triton_dkdv": ({"gluon_dkdv": ()}, {}),
     "triton_all": ({"gluon_dq_stats": (), "gluon_dq": (), "gluon_dkdv": ()}, {}),
     "triton_fwd": ({}, {(forward, "GLUON_FORWARD"): ()}),
+    # the Gluon forward and dK/dV kernels at every head dim they are built for (64 too)
+    "gluon_fwd": ({}, {(forward, "GLUON_FORWARD"): forward_gluon.HEAD_DIMS}),
+    "gluon_dkdv": ({"gluon_dkdv": backward_dkdv_gluon.HEAD_DIMS}, {}),
     # the Gluon forward's exponent: one FMA where a warpgroup's bound allows (exponent.FMA_EXPONENT, the
     # default), or the exact form everywhere
     "fwd_fma_exponent": ({}, {(exponent, "FMA_EXPONENT"): True}),

@@ -85,7 +85,9 @@ from .backward import dq_keys_in_pv_order, takes_kv_copies
 from .gluon_hopper import gluon_runs
 
 # The block-free recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
-# it applies, at these head dims; elsewhere _fwd_kernel.
+# it applies, at these head dims; elsewhere _fwd_kernel. The kernel is built for 64 too
+# (forward_gluon.HEAD_DIMS), not yet timed there against this module's kernel (benchmarks/NOTES.md,
+# "Forward"; benchmarks/gluon_variants.py's ``gluon_fwd``).
 GLUON_FORWARD = (128, )
 
 # With a backward ahead that takes them (backward.takes_kv_copies), the forward's K/V quantization

@@ -37,7 +37,7 @@ again); here Q is read once and the copy is never written.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
 Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 (``config.block_k``,
-which sets the codes of P), head dim 128, dense batches, query and key lengths multiples of 128,
+which sets the codes of P), head dims 64 and 128 (``HEAD_DIMS``), dense batches, query and key lengths multiples of 128,
 causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row constant.
 ``forward.GLUON_FORWARD`` lists the head dims it runs at.
 """
@@ -62,7 +62,10 @@ if gluon is not None:
         scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
-HEAD_DIMS = (128, )
+# Head dims the kernel is built for; forward.GLUON_FORWARD lists those it runs at. At 64 (offline,
+# sm_90a, Triton 3.6: the persistent kernel's interior loop 400 instructions a 128-key tile, no
+# spills, 82 KB of shared memory) it is built and compile-tested, not yet timed.
+HEAD_DIMS = (64, 128)
 HALF_Q, BLOCK_N, STAGES = 64, 128, 3  # queries per consumer warpgroup; keys per tile; ring depth
 BLOCK_M = 2 * HALF_Q
 # Q's codes as the register A operand of S (True), or read by that MMA from shared memory, where
@@ -291,7 +294,10 @@ if gluon is not None:
         else:
             l_i = l_i * gamma + gl.sum(p, 1)
         p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
-        return p8, acc * gl.expand_dims(gamma, 1), l_i, m_new, r_t
+        # gamma's rows in O's accumulator (the same registers: both MMA layouts hold a row in one
+        # quad of lanes, whatever their N; at D = 128 the layouts are the same)
+        gamma_o = gl.convert_layout(gamma, gl.SliceLayout(1, acc.type.layout), assert_trivial=True)
+        return p8, acc * gl.expand_dims(gamma_o, 1), l_i, m_new, r_t
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,

@@ -67,6 +67,9 @@ SHAPES = {
     "dense_mqa": ((2, 4, 1, 256, 256, 128), False),
     "causal_long": ((1, 2, 1, 2048, 2048, 128), True),
     "out_of_scope_length": ((1, 2, 2, 200, 200, 128), True),  # the Triton kernel runs
+    # head dim 64 (forward_gluon.HEAD_DIMS; the package runs it where forward.GLUON_FORWARD says)
+    "causal_gqa_d64": ((1, 9, 3, 512, 512, 64), True),  # SmolLM2-135M's heads
+    "dense_d64": ((2, 2, 2, 256, 512, 64), False),
 }
 # More query blocks than an H100's or H200's 132 SMs: programs of the persistent kernel run several.
 MANY_BLOCKS = {
