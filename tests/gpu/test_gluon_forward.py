@@ -131,7 +131,7 @@ def test_gluon_forward_matches_the_triton_kernel(shape, recipe, dtype, gluon_cal
 @pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("fp32", "bf16"))
 @pytest.mark.parametrize("recipe", list(RECIPES)[::2])
-@pytest.mark.parametrize("shape", list(SHAPES)[:3])
+@pytest.mark.parametrize("shape", list(SHAPES)[:3] + ["causal_gqa_d64"])
 def test_gluon_forward_matches_emulation(shape, recipe, dtype, fma, gluon_calls, monkeypatch):
     monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
     config = RECIPES[recipe]
