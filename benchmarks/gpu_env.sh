@@ -19,7 +19,8 @@ fi
 # gpu_pytest LOG LIMIT_S PYTEST_ARGS...: the GPU tests (pytest -m gpu) with $XDIST, the resume
 # plugin (benchmarks/pytest_gpu_resume.py: RESUME_LOGS, failures to $OUT/failures.log as they
 # happen) and the switches plugin (benchmarks/pytest_kernel_switches.py: KERNEL_SWITCHES), verbose
-# so that a run cut by its limit (SIGINT after LIMIT_S seconds; empty: none) still names its failures. The log goes to LOG, the outcome lines to stdout; returns pytest's status.
+# so that a run cut by its limit (SIGINT after LIMIT_S seconds; empty: none) still names its
+# failures. The log goes to LOG, the outcome lines to stdout; returns pytest's status.
 gpu_pytest() {
   local log=$1 limit=$2
   shift 2

@@ -172,7 +172,8 @@ if gluon is not None:
             e = gl.exp2(s * gl.expand_dims(sq, 1) - gl.expand_dims(m_safe, 1))
         alpha = gl.exp2(m_i - m_safe)
         if TREE:  # l, u and w per lane, reduced across the row's lanes once after the last tile (_stats_rows)
-            l_i = l_i * per_lane(alpha, l_i) + lane_partials(e, "sum")
+            alpha_lanes = per_lane(alpha, l_i)  # (l, u and w share the per-lane layout)
+            l_i = l_i * alpha_lanes + lane_partials(e, "sum")
         else:
             l_i = l_i * alpha + gl.sum(e, 1)
         if WAIT_DP:
@@ -181,8 +182,8 @@ if gluon is not None:
         if MASKED:
             edp = gl.where(vis, edp, 0.0)
         if TREE:  # w's maxima the same bits: RN(a·alpha) is monotonic in a
-            u_i = u_i * per_lane(alpha, u_i) + lane_partials(edp, "sum")
-            w_i = gl.maximum(w_i * per_lane(alpha, w_i), lane_partials(gl.abs(edp), "max_nan"),
+            u_i = u_i * alpha_lanes + lane_partials(edp, "sum")
+            w_i = gl.maximum(w_i * alpha_lanes, lane_partials(gl.abs(edp), "max_nan"),
                              propagate_nan=tl.PropagateNan.ALL)
         else:
             u_i = u_i * alpha + gl.sum(edp, 1)
