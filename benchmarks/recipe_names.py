@@ -89,7 +89,8 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 
 # The options of add_schedule_options, as the scripts' result headers name them.
 SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
-                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`, `--hand-over-kv 0|1`")
+                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`, `--hand-over-kv 0|1`, "
+                  "`--gluon-forward-d64 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -115,7 +116,9 @@ def add_schedule_options(parser) -> None:
       (``kernels.forward_gluon.PERSISTENT``, on by default);
     - ``--hand-over-kv 0|1``: the forward makes the backward's K/V copies and hands them over in
       place of the saved K and V, or the backward makes its own (``kernels.forward.HAND_OVER_KV_COPIES``,
-      off by default)."""
+      off by default);
+    - ``--gluon-forward-d64 0|1``: the Gluon forward at head dim 64 as well as 128, or at 128 only
+      (``kernels.forward.GLUON_FORWARD``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -143,6 +146,9 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--hand-over-kv", type=int, choices=(0, 1), default=None,
                         help="1: the forward makes the backward's K/V copies, saved in place of K and V; 0: the "
                              "backward makes them (kernels.forward.HAND_OVER_KV_COPIES)")
+    parser.add_argument("--gluon-forward-d64", type=int, choices=(0, 1), default=None,
+                        help="1: the Gluon forward at head dim 64 as well as 128; 0: at 128 only, the Triton "
+                             "forward at 64 (kernels.forward.GLUON_FORWARD)")
 
 
 def _schedule_tables():
@@ -152,7 +158,7 @@ def _schedule_tables():
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
             (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
             (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"),
-            (forward, "HAND_OVER_KV_COPIES"))
+            (forward, "HAND_OVER_KV_COPIES"), (forward, "GLUON_FORWARD"))
 
 
 def schedule_state() -> tuple:
@@ -210,4 +216,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.hand_over_kv is not None:
         forward.HAND_OVER_KV_COPIES = bool(args.hand_over_kv)
         notes.append(f"HAND_OVER_KV_COPIES={bool(args.hand_over_kv)}")
+    if args.gluon_forward_d64 is not None:
+        forward.GLUON_FORWARD = (64, 128) if args.gluon_forward_d64 else (128, )
+        notes.append(f"GLUON_FORWARD={forward.GLUON_FORWARD}")
     return " ".join(notes)
