@@ -337,6 +337,24 @@ def _shape_only(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> 
     return torch.full((1,) * len(shape), float("nan"), dtype=dtype, device=device).expand(shape)
 
 
+def _copies_to_save(item: tuple) -> tuple[list[torch.Tensor], tuple]:
+    """The tensors of a handed-over ``kv_copies`` item (``(K's copies, V's copies, order)``, each
+    copies tuple tensors or None) for ``save_for_backward``, and the layout :func:`_copies_from_saved`
+    rebuilds the item from."""
+    k_all, v_all, order = item
+    tensors = [t for t in (*k_all, *v_all) if t is not None]
+    return tensors, (tuple(t is not None for t in k_all), tuple(t is not None for t in v_all), order)
+
+
+def _copies_from_saved(tensors, layout: tuple) -> tuple:
+    """The ``kv_copies`` item :func:`_copies_to_save` took apart."""
+    k_present, v_present, order = layout
+    it = iter(tensors)
+    k_all = tuple(next(it) if present else None for present in k_present)
+    v_all = tuple(next(it) if present else None for present in v_present)
+    return k_all, v_all, order
+
+
 class _EagerAttention(torch.autograd.Function):
     """The custom ops' autograd formula as a plain autograd Function, for eager calls.
 
@@ -358,26 +376,25 @@ class _EagerAttention(torch.autograd.Function):
         # With the copies handed over the backward reads V for its shape alone, and K too without
         # soft-cap and sinks (their statistics read K): those are not saved, so that until its
         # backward a layer keeps the copies (3 bytes per (K, V) element pair) in place of the 16-bit
-        # K and V (4), not beside them.
-        held = ctx.for_backward is not None and "kv_copies" in ctx.for_backward
-        drop_k, drop_v = held and softcap is None and sinks is None, held
+        # K and V (4), not beside them. The copies are saved tensors, so autograd frees them after
+        # the backward, or keeps them for another one (retain_graph), as it does K and V.
+        handed = ctx.for_backward.pop("kv_copies", None) if ctx.for_backward is not None else None
+        copies, ctx.copies_layout = _copies_to_save(handed[0]) if handed else ([], None)
+        drop_k, drop_v = bool(handed) and softcap is None and sinks is None, bool(handed)
         ctx.dropped = (k.shape, k.dtype) if drop_k else None, (v.shape, v.dtype) if drop_v else None
         ctx.save_for_backward(*_saved_for_backward(q, None if drop_k else k, None if drop_v else v, lse, out, sinks,
-                                                   config))
+                                                   config), *copies)
         ctx.args = (scale, mask, config, softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lse, out, sinks = ctx.saved_tensors
-        if k is None or v is None:
-            if not ctx.for_backward.get("kv_copies"):  # taken by the first backward through this call
-                raise RuntimeError(
-                    "hf_fp8_attention: a second backward through one attention call is not supported when "
-                    "its forward handed K's and V's FP8 copies to the backward instead of saving K and V "
-                    "(kernels.forward.HAND_OVER_KV_COPIES); switch it off to backward with retain_graph=True")
+        q, k, v, lse, out, sinks, *copies = ctx.saved_tensors
+        saved = ctx.for_backward
+        if ctx.copies_layout is not None:  # a list of its own for each backward, which that backward empties
+            saved = {**saved, "kv_copies": [_copies_from_saved(copies, ctx.copies_layout)]}
             k, v = (t if t is not None else _shape_only(*like, q.device) for t, like in zip((k, v), ctx.dropped))
-        grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks, saved=ctx.for_backward)
+        grads = run_backward(q, k, v, out, lse, dout, *ctx.args, sinks, saved=saved)
         dsinks = grads[3] if sinks is not None else None
         return grads[0], grads[1], grads[2], None, None, None, None, dsinks
 

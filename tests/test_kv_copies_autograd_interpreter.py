@@ -2,7 +2,8 @@
 (``forward.HAND_OVER_KV_COPIES``), under the Triton interpreter: the call then saves no 16-bit K and
 V (K is kept with soft-cap or sinks, whose statistics read it), the gradients are the same bits as
 without the hand-over, no copies are kept under saved-tensor hooks (activation checkpointing), and
-a second backward through the call raises instead of reading K and V it no longer has."""
+the copies live as the call's saved tensors: a second backward (retain_graph) gives the same
+gradients, and a backward that does not retain the graph frees them."""
 import gc
 import weakref
 
@@ -99,13 +100,33 @@ def test_no_copies_are_kept_under_saved_tensor_hooks(triton_on_cpu, monkeypatch)
         assert torch.equal(a, b), name
 
 
-def test_second_backward_through_the_call_raises(triton_on_cpu):
-    """retain_graph: the first backward took the copies and K and V were not saved, so a second
-    one cannot run; it says so instead of returning gradients of stand-ins."""
+def test_copies_live_as_saved_tensors(triton_on_cpu, monkeypatch):
+    """retain_graph: a second backward takes the same copies and gives the same gradients; a
+    backward that does not retain the graph frees them, though the call's output (and so its
+    autograd node) is still referenced."""
+    from hf_fp8_attention.kernels import forward
+
+    made = []
+    triton_forward = forward.triton_forward
+
+    def keep_refs(*args, **kw):  # weak references to the copies the forward hands over
+        result = triton_forward(*args, **kw)
+        handed = (kw.get("for_backward") or {}).get("kv_copies")
+        made.extend(weakref.ref(t) for copies in handed[0][:2] for t in copies if t is not None)
+        return result
+
+    monkeypatch.setattr(forward, "triton_forward", keep_refs)
     config = RECIPES["fp8_delta"].replace(backend="triton", block_q=32, block_k=32)
     q, k, v, dout = _inputs()
     triton_on_cpu(True)
     out = fp8_attention(q, k * 1, v * 1, causal=True, config=config)
-    out.backward(dout, retain_graph=True)
-    with pytest.raises(RuntimeError, match="second backward"):
-        out.backward(dout)
+    grads = []
+    for retain in (True, False):
+        out.backward(dout, retain_graph=retain)
+        grads.append(tuple(t.grad.clone() for t in (q, k, v)))
+        for t in (q, k, v):
+            t.grad = None
+        gc.collect()
+        assert len(made) >= 4 and all((r() is not None) is retain for r in made), retain
+    for name, a, b in zip(("dq", "dk", "dv"), *grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
