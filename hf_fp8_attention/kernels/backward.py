@@ -121,10 +121,11 @@ LAUNCH = {
     "block_free_d64": {"dkdv": (64, 64)},
     # The block-free recipes' dQ and fused dK/dV launches on Hopper: the warp-specialised Gluon kernels
     # (backward_dq_gluon.py, backward_dkdv_gluon.py) wherever they apply, at these head dims;
-    # elsewhere the Triton launches. At head dim 64 the Gluon dK/dV kernel was 1-4% slower than the
-    # Triton launch's 64 x 64 tiles (benchmarks/NOTES.md, "Backward").
+    # elsewhere the Triton launches. At head dim 64 the Gluon dK/dV kernel takes 3-12% off the backward
+    # against the Triton launch's 64 x 64 tiles, the same gradients (H100, 2 x 8k and 1 x 16k tokens,
+    # H = 16; benchmarks/NOTES.md, "Backward").
     "gluon_dq": (128,),
-    "gluon_dkdv": (128,),
+    "gluon_dkdv": (64, 128),
     # The matched fast recipe's statistics launch in Gluon (backward_stats_gluon.py), each key tile's
     # products issued under the previous tile's statistics: 768 against the Triton launch's 843 us
     # at 8k causal, B = 2, H = 16 on the H200 (benchmarks/NOTES.md, "Backward").

@@ -26,14 +26,14 @@ their visible query tiles, causal programs with the most tiles first, four kv he
 accumulators are rescaled by the ratio of the previous head's channel factors to this head's, as
 the Triton launch does (its COL_SEQ docstring), so the result is Σ_g c_g · (head g's products).
 
-Scope (:func:`scope_reason`): the block-free recipes in E4M3, head dims 64 and 128 (enabled by
-``backward.LAUNCH["gluon_dkdv"]`` at 128 only: at 64 the Triton launch's 64 x 64 tiles were 1-4%
-faster),
-dense batches (no packed sequences, no window), key lengths a multiple of 128 and query lengths of
-``BLOCK_Q`` (64), causal only with as many queries as keys, no soft-cap or K-smoothing row
-constant (attention sinks are in LSE' already). Elsewhere the Triton launch runs. On the H200 it made the fast
-backward 6-13% faster at d = 128 (its first version, without GQA: 1.84 -> 1.38 ms at B = 2, H = 16,
-S = 8192, causal; benchmarks/NOTES.md, "Backward").
+Scope (:func:`scope_reason`): the block-free recipes in E4M3, head dims 64 and 128 (both enabled
+by ``backward.LAUNCH["gluon_dkdv"]``; at 64 the backward 3-12% faster than with the Triton launch's
+64 x 64 tiles on the H100, benchmarks/NOTES.md "Backward"), dense batches (no packed sequences, no
+window), key lengths a multiple of 128 and query lengths of ``BLOCK_Q`` (64), causal only with as
+many queries as keys, no soft-cap or K-smoothing row constant (attention sinks are in LSE' already).
+Elsewhere the Triton launch runs. On the H200 it made the fast backward 6-13% faster at d = 128 (its
+first version, without GQA: 1.84 -> 1.38 ms at B = 2, H = 16, S = 8192, causal; benchmarks/NOTES.md,
+"Backward").
 """
 from __future__ import annotations
 
