@@ -106,6 +106,13 @@ def main(argv=None) -> int:
     env = environment()
     print(json.dumps(env))
     rows = []
+
+    def save() -> None:  # after every shape, so that a run cut by a time limit keeps what it timed
+        if a.out_dir:
+            a.out_dir.mkdir(parents=True, exist_ok=True)
+            (a.out_dir / f"{a.tag}.json").write_text(json.dumps({"env": env, "recipe": a.recipe, "rows": rows},
+                                                                indent=1))
+
     for shape in a.shapes.split(","):
         s, d, causal = (int(x) for x in shape.split(":"))
         causal = bool(causal)
@@ -142,6 +149,7 @@ def main(argv=None) -> int:
         line.append("  O/dQ/dK/dV diff vs first: " + "; ".join(
             f"{n} " + "/".join(f"{x:.1e}" for x in row[f"{n}/diff"]) for n in names))
         print("\n".join(line), flush=True)
+        save()
     if a.profile:
         s, d, causal = (int(x) for x in a.shapes.split(",")[0].split(":"))
         b = max(16384 // s, 1)
@@ -156,9 +164,6 @@ def main(argv=None) -> int:
                 torch.autograd.grad(out, (qg, kg, vg), do)
 
             print_kernels(f"{name} fwd+bwd, S={s} D={d} causal={bool(causal)}", step)
-    if a.out_dir:
-        a.out_dir.mkdir(parents=True, exist_ok=True)
-        (a.out_dir / f"{a.tag}.json").write_text(json.dumps({"env": env, "recipe": a.recipe, "rows": rows}, indent=1))
     return 0
 
 
