@@ -86,8 +86,8 @@ from .gluon_hopper import gluon_runs
 
 # The block-free recipes' forward on Hopper: the warp-specialised Gluon kernel (forward_gluon.py) wherever
 # it applies, at these head dims; elsewhere _fwd_kernel. The kernel is built for 64 too
-# (forward_gluon.HEAD_DIMS), not yet timed there against this module's kernel (benchmarks/NOTES.md,
-# "Forward"; benchmarks/gluon_variants.py's ``gluon_fwd``).
+# (forward_gluon.HEAD_DIMS), but there it took 1.08x this module's kernel's time at 2 x 8k tokens,
+# non-causal, on the H100 (benchmarks/NOTES.md, "Forward"; benchmarks/gluon_variants.py's ``gluon_fwd``).
 GLUON_FORWARD = (128, )
 
 # With a backward ahead that takes them (backward.takes_kv_copies), the forward's K/V quantization
@@ -95,8 +95,8 @@ GLUON_FORWARD = (128, )
 # is B1 already), handed over under for_backward["kv_copies"]: K and V are read once for both passes
 # instead of again by the backward's K/V launch (116.5 us and 235 MB at 2 x 8k tokens on the H100;
 # ~64 MB more written here). The eager autograd call then saves no 16-bit V (nor K without soft-cap
-# and sinks). Off: 1-2% off a fwd+bwd on the H100, but the memory it saves per layer is not yet
-# measured on a GPU (benchmarks/NOTES.md, "Backward").
+# and sinks). Off: 1-2% off a fwd+bwd on the H100, but no gain in the 0.89B Llama's training step at
+# 8k (paired steps; benchmarks/NOTES.md, "Backward").
 HAND_OVER_KV_COPIES = False
 
 # G of the module docstring, log2 units: a key tile whose row max lies further below the running
