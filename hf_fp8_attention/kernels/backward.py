@@ -623,10 +623,11 @@ def triton_backward(q, k, v, out, lse, dout, *, scale: float, mask: MaskSpec, co
             :func:`takes_kv_copies` held (``forward.HAND_OVER_KV_COPIES``): a one-item list of K's
             and V's copies and whether K's channel-wise copy holds its keys in the Gluon dQ's order
             (:func:`dq_keys_in_pv_order`; a RuntimeError where this backward takes the other), which
-            this backward takes out (emptying the list), so that each copy is
-            freed after its last reader as its own would be. It makes no K/V copies of its own then,
-            and runs in one pass (never chunked): k and v are then read for their shapes and dtypes
-            only (without soft-cap and sinks, whose statistics read K).
+            this backward takes out (emptying the list), so that a copy nothing else holds is freed
+            after its last reader as its own would be (the eager autograd call holds them as saved
+            tensors until its backward ends, :mod:`hf_fp8_attention.ops`). It makes no K/V copies of
+            its own then, and runs in one pass (never chunked): k and v are then read for their
+            shapes and dtypes only (without soft-cap and sinks, whose statistics read K).
     Returns:
         ``(dq, dk, dv)`` contiguous, in the dtypes and shapes of q, k, v, followed with ``sinks`` by
         ``dsinks (Hq,)`` fp32.
