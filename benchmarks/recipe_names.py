@@ -90,7 +90,7 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
 # The options of add_schedule_options, as the scripts' result headers name them.
 SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
                   "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`, `--hand-over-kv 0|1`, "
-                  "`--gluon-forward-d64 0|1`")
+                  "`--gluon-forward-d64 0|1`, `--direct-launch 0|1`")
 
 
 def add_schedule_options(parser) -> None:
@@ -118,7 +118,9 @@ def add_schedule_options(parser) -> None:
       place of the saved K and V, or the backward makes its own (``kernels.forward.HAND_OVER_KV_COPIES``,
       off by default);
     - ``--gluon-forward-d64 0|1``: the Gluon forward at head dim 64 as well as 128, or at 128 only
-      (``kernels.forward.GLUON_FORWARD``)."""
+      (``kernels.forward.GLUON_FORWARD``);
+    - ``--direct-launch 0|1``: the Triton launches through the direct launch path or Triton's own,
+      whatever ``HF_FP8_ATTENTION_DIRECT_LAUNCH`` says (``kernels.launch.DIRECT_LAUNCH``)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",
@@ -149,16 +151,21 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--gluon-forward-d64", type=int, choices=(0, 1), default=None,
                         help="1: the Gluon forward at head dim 64 as well as 128; 0: at 128 only, the Triton "
                              "forward at 64 (kernels.forward.GLUON_FORWARD)")
+    parser.add_argument("--direct-launch", type=int, choices=(0, 1), default=None,
+                        help="1: the Triton launches through the direct launch path; 0: through Triton's own "
+                             "(kernels.launch.DIRECT_LAUNCH, over HF_FP8_ATTENTION_DIRECT_LAUNCH)")
 
 
 def _schedule_tables():
     """(module, attribute) of every switch :func:`apply_schedule_options` may set."""
-    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
+    from hf_fp8_attention.kernels import (
+        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
+    )
 
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
             (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
             (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"),
-            (forward, "HAND_OVER_KV_COPIES"), (forward, "GLUON_FORWARD"))
+            (forward, "HAND_OVER_KV_COPIES"), (forward, "GLUON_FORWARD"), (launch, "DIRECT_LAUNCH"))
 
 
 def schedule_state() -> tuple:
@@ -184,7 +191,9 @@ def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
     scripts' headers."""
-    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
+    from hf_fp8_attention.kernels import (
+        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
+    )
 
     notes = []
     for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
@@ -219,4 +228,7 @@ def apply_schedule_options(parser, args) -> str:
     if args.gluon_forward_d64 is not None:
         forward.GLUON_FORWARD = (64, 128) if args.gluon_forward_d64 else (128, )
         notes.append(f"GLUON_FORWARD={forward.GLUON_FORWARD}")
+    if args.direct_launch is not None:
+        launch.DIRECT_LAUNCH = bool(args.direct_launch)
+        notes.append(f"DIRECT_LAUNCH={bool(args.direct_launch)}")
     return " ".join(notes)

@@ -162,10 +162,18 @@ def test_unkeyable_calls_and_hooked_kernels_take_tritons_path(toy_launcher):
 
 
 def test_launcher_is_off_by_default_and_never_for_the_interpreter(monkeypatch):
+    from hf_fp8_attention.kernels import launch as launch_mod
+
     kernel = JITFunction(_toy)
+    monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", None)
     monkeypatch.delenv(DIRECT_LAUNCH_ENV, raising=False)
     assert launcher(kernel) is None
+    monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", True)  # the module's switch over the environment
+    assert launcher(kernel) is not None
     monkeypatch.setenv(DIRECT_LAUNCH_ENV, "1")
+    monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", False)
+    assert launcher(kernel) is None
+    monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", None)
     assert launcher(kernel) is launcher(kernel) is not None
     interpreted = triton.runtime.interpreter.InterpretedFunction(_toy)
     assert launcher(interpreted) is None

@@ -158,17 +158,18 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     import argparse
 
     import recipe_names
-    from hf_fp8_attention.kernels import forward, forward_gluon
+    from hf_fp8_attention.kernels import forward, forward_gluon, launch
 
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
     monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
     monkeypatch.setattr(forward, "GLUON_FORWARD", (128, ))
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH", None)
     parser = argparse.ArgumentParser()
     recipe_names.add_schedule_options(parser)
     assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
     assert forward_gluon.QUANTIZE_Q is True and forward_gluon.PERSISTENT is True  # left as they were
-    assert forward.HAND_OVER_KV_COPIES is True and forward.GLUON_FORWARD == (128, )
+    assert forward.HAND_OVER_KV_COPIES is True and forward.GLUON_FORWARD == (128, ) and launch.DIRECT_LAUNCH is None
     for value in (0, 1):
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--quantize-q", str(value)]))
         assert forward_gluon.QUANTIZE_Q is bool(value) and note == f"QUANTIZE_Q={bool(value)}"
@@ -179,6 +180,8 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--gluon-forward-d64", str(value)]))
         dims = (64, 128) if value else (128, )
         assert forward.GLUON_FORWARD == dims and note == f"GLUON_FORWARD={dims}"
+        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--direct-launch", str(value)]))
+        assert launch.DIRECT_LAUNCH is bool(value) and note == f"DIRECT_LAUNCH={bool(value)}"
 
 
 def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
@@ -189,18 +192,21 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     import argparse
 
     import recipe_names
-    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper, sequence_stats
+    from hf_fp8_attention.kernels import (
+        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
+    )
 
     def values():
         return (dict(backward.LAUNCH), dict(gluon_hopper.DISPATCH), exponent.FMA_EXPONENT,
                 exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
                 forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q, forward_gluon.PERSISTENT,
-                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD)
+                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH)
 
     for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
                                 (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True),
                                 (forward_gluon, "QUANTIZE_Q", True), (forward_gluon, "PERSISTENT", True),
-                                (forward, "HAND_OVER_KV_COPIES", False), (forward, "GLUON_FORWARD", (128, ))):
+                                (forward, "HAND_OVER_KV_COPIES", False), (forward, "GLUON_FORWARD", (128, )),
+                                (launch, "DIRECT_LAUNCH", None)):
         monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
     before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
     state = recipe_names.schedule_state()
@@ -208,13 +214,14 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     recipe_names.add_schedule_options(parser)
     flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
              "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0",
-             "--quantize-q", "0", "--persistent", "0", "--hand-over-kv", "1", "--gluon-forward-d64", "1"]
+             "--quantize-q", "0", "--persistent", "0", "--hand-over-kv", "1", "--gluon-forward-d64", "1",
+             "--direct-launch", "1"]
     try:
         recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
         changed = values()
         # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
         assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True,
-                                                             True, True, True], changed
+                                                             True, True, True, True], changed
     finally:
         recipe_names.restore_schedule(state)
     assert values() == before

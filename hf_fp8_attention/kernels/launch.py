@@ -15,7 +15,8 @@ launcher, launch hooks included). Two calls Triton would specialize differently 
 key, so a cached kernel is only ever run on arguments it was compiled for
 (``tests/test_launch.py`` checks the superset against Triton's specializer).
 
-The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1`` (on the H200 it saves 8-12% of
+The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1`` or :data:`DIRECT_LAUNCH` (set by a
+process, e.g. a benchmark alternating the two paths step by step) says so (on the H200 it saves 8-12% of
 the op's host time, less than a training step's noise, and it rests on Triton internals tested
 with Triton 3.6 only); under the Triton interpreter,
 with a kernel's pre-run hooks, or with an argument type it cannot key, every call takes Triton's
@@ -35,6 +36,9 @@ except ImportError:  # Triton without host-side tensor descriptors
     TensorDescriptor = None
 
 DIRECT_LAUNCH_ENV = "HF_FP8_ATTENTION_DIRECT_LAUNCH"
+# The direct path on (True) or off (False) in this process whatever the environment says; None: the
+# environment variable decides.
+DIRECT_LAUNCH: bool | None = None
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -69,6 +73,9 @@ def arg_key(a) -> object:
 
 
 def direct_launch_enabled() -> bool:
+    """Whether launches take the direct path: :data:`DIRECT_LAUNCH` where set, else the environment."""
+    if DIRECT_LAUNCH is not None:
+        return DIRECT_LAUNCH
     return os.environ.get(DIRECT_LAUNCH_ENV, "0") not in ("", "0")
 
 
@@ -140,5 +147,5 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
         direct(grid, args, meta)
 
 
-__all__ = ["DIRECT_LAUNCH_ENV", "DirectLauncher", "Unkeyable", "arg_key", "direct_launch_enabled", "launch",
-           "launcher"]
+__all__ = ["DIRECT_LAUNCH", "DIRECT_LAUNCH_ENV", "DirectLauncher", "Unkeyable", "arg_key", "direct_launch_enabled",
+           "launch", "launcher"]
