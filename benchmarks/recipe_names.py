@@ -7,6 +7,7 @@ schedule options they share (:func:`add_schedule_options`)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -93,6 +94,30 @@ SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fm
                   "`--gluon-forward-d64 0|1`, `--direct-launch 0|1`")
 
 
+# The schedule options that switch one constant of a kernels module on (1) or off (0):
+# flag -> (module, constant, help without the constant's name).
+ON_OFF_SWITCHES = {
+    "--fold-stats": ("sequence_stats", "FOLD_IN_PARTIALS",
+                     "1: the sequence statistics folded in their partials launch; 0: a launch of their own"),
+    "--quantize-q": ("forward_gluon", "QUANTIZE_Q",
+                     "1: the Gluon forward makes the rotated Q's codes itself; 0: a quantization launch before it"),
+    "--persistent": ("forward_gluon", "PERSISTENT",
+                     "1: the Gluon forward as a persistent kernel; 0: one program per query block"),
+    "--hand-over-kv": ("forward", "HAND_OVER_KV_COPIES",
+                       "1: the forward makes the backward's K/V copies, saved in place of K and V; 0: the backward "
+                       "makes them"),
+    "--direct-launch": ("launch", "DIRECT_LAUNCH",
+                        "1: the Triton launches through the direct launch path; 0: through Triton's own, whatever "
+                        "HF_FP8_ATTENTION_DIRECT_LAUNCH says"),
+}
+
+
+def _on_off_switches():
+    """(flag, module, constant) of :data:`ON_OFF_SWITCHES`, the modules imported."""
+    return [(flag, importlib.import_module(f"hf_fp8_attention.kernels.{module}"), name)
+            for flag, (module, name, _) in ON_OFF_SWITCHES.items()]
+
+
 def add_schedule_options(parser) -> None:
     """The launch-schedule options the timing scripts share; apply them after parsing with
     :func:`apply_schedule_options`:
@@ -132,40 +157,24 @@ def add_schedule_options(parser) -> None:
     parser.add_argument("--fma-exponent", type=int, choices=(0, 1), nargs="?", const=1, default=None,
                         help="1 (or the bare flag): both forwards' one-FMA exponent where its bound allows; 0: the "
                              "exact form everywhere (default: the Gluon forward's only, kernels.exponent)")
-    parser.add_argument("--fold-stats", type=int, choices=(0, 1), default=None,
-                        help="1: the sequence statistics folded in their partials launch; 0: a launch of their own "
-                             "(kernels.sequence_stats.FOLD_IN_PARTIALS)")
     parser.add_argument("--token-major-out", type=int, choices=(0, 1), default=None,
                         help="1: both forwards write O token-major where q is (an attention layer's transpose back "
                              "then copies nothing); 0: both contiguous (kernels.forward.TOKEN_MAJOR_OUT, "
                              "kernels.forward_gluon.TOKEN_MAJOR_OUT)")
-    parser.add_argument("--quantize-q", type=int, choices=(0, 1), default=None,
-                        help="1: the Gluon forward makes the rotated Q's codes itself; 0: a quantization launch "
-                             "before it (kernels.forward_gluon.QUANTIZE_Q)")
-    parser.add_argument("--persistent", type=int, choices=(0, 1), default=None,
-                        help="1: the Gluon forward as a persistent kernel; 0: one program per query block "
-                             "(kernels.forward_gluon.PERSISTENT)")
-    parser.add_argument("--hand-over-kv", type=int, choices=(0, 1), default=None,
-                        help="1: the forward makes the backward's K/V copies, saved in place of K and V; 0: the "
-                             "backward makes them (kernels.forward.HAND_OVER_KV_COPIES)")
     parser.add_argument("--gluon-forward-d64", type=int, choices=(0, 1), default=None,
                         help="1: the Gluon forward at head dim 64 as well as 128; 0: at 128 only, the Triton "
                              "forward at 64 (kernels.forward.GLUON_FORWARD)")
-    parser.add_argument("--direct-launch", type=int, choices=(0, 1), default=None,
-                        help="1: the Triton launches through the direct launch path; 0: through Triton's own "
-                             "(kernels.launch.DIRECT_LAUNCH, over HF_FP8_ATTENTION_DIRECT_LAUNCH)")
+    for flag, (module, name, text) in ON_OFF_SWITCHES.items():
+        parser.add_argument(flag, type=int, choices=(0, 1), default=None, help=f"{text} (kernels.{module}.{name})")
 
 
 def _schedule_tables():
     """(module, attribute) of every switch :func:`apply_schedule_options` may set."""
-    from hf_fp8_attention.kernels import (
-        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
-    )
+    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper
 
     return ((backward, "LAUNCH"), (gluon_hopper, "DISPATCH"), (exponent, "FMA_EXPONENT"),
-            (exponent, "FMA_EXPONENT_TRITON"), (sequence_stats, "FOLD_IN_PARTIALS"), (forward, "TOKEN_MAJOR_OUT"),
-            (forward_gluon, "TOKEN_MAJOR_OUT"), (forward_gluon, "QUANTIZE_Q"), (forward_gluon, "PERSISTENT"),
-            (forward, "HAND_OVER_KV_COPIES"), (forward, "GLUON_FORWARD"), (launch, "DIRECT_LAUNCH"))
+            (exponent, "FMA_EXPONENT_TRITON"), (forward, "TOKEN_MAJOR_OUT"), (forward_gluon, "TOKEN_MAJOR_OUT"),
+            (forward, "GLUON_FORWARD"), *((module, name) for _, module, name in _on_off_switches()))
 
 
 def schedule_state() -> tuple:
@@ -191,9 +200,7 @@ def apply_schedule_options(parser, args) -> str:
     """Set the tables :func:`add_schedule_options`' options name (those given); a value below 1 ends
     the script through ``parser.error``. Returns a note of what was set ("" if nothing), for the
     scripts' headers."""
-    from hf_fp8_attention.kernels import (
-        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
-    )
+    from hf_fp8_attention.kernels import backward, exponent, forward, forward_gluon, gluon_hopper
 
     notes = []
     for flag, value, table, key in (("--backward-chunks", args.backward_chunks, backward.LAUNCH, "backward_chunks"),
@@ -210,25 +217,15 @@ def apply_schedule_options(parser, args) -> str:
     if args.fma_exponent is not None:
         exponent.set_fma_exponent(bool(args.fma_exponent))
         notes.append(f"FMA_EXPONENT={bool(args.fma_exponent)}")
-    if args.fold_stats is not None:
-        sequence_stats.FOLD_IN_PARTIALS = bool(args.fold_stats)
-        notes.append(f"FOLD_IN_PARTIALS={bool(args.fold_stats)}")
     if args.token_major_out is not None:
         forward.TOKEN_MAJOR_OUT = forward_gluon.TOKEN_MAJOR_OUT = bool(args.token_major_out)
         notes.append(f"TOKEN_MAJOR_OUT={bool(args.token_major_out)}")
-    if args.quantize_q is not None:
-        forward_gluon.QUANTIZE_Q = bool(args.quantize_q)
-        notes.append(f"QUANTIZE_Q={bool(args.quantize_q)}")
-    if args.persistent is not None:
-        forward_gluon.PERSISTENT = bool(args.persistent)
-        notes.append(f"PERSISTENT={bool(args.persistent)}")
-    if args.hand_over_kv is not None:
-        forward.HAND_OVER_KV_COPIES = bool(args.hand_over_kv)
-        notes.append(f"HAND_OVER_KV_COPIES={bool(args.hand_over_kv)}")
     if args.gluon_forward_d64 is not None:
         forward.GLUON_FORWARD = (64, 128) if args.gluon_forward_d64 else (128, )
         notes.append(f"GLUON_FORWARD={forward.GLUON_FORWARD}")
-    if args.direct_launch is not None:
-        launch.DIRECT_LAUNCH = bool(args.direct_launch)
-        notes.append(f"DIRECT_LAUNCH={bool(args.direct_launch)}")
+    for flag, module, name in _on_off_switches():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            setattr(module, name, bool(value))
+            notes.append(f"{name}={bool(value)}")
     return " ".join(notes)
