@@ -296,10 +296,13 @@ def main(argv=None) -> int:
                    for d in forward_gluon.HEAD_DIMS]
         builds += [("stats", next(iter(backward_stats_gluon.LAYOUTS)), d, True, False, False,
                     not backward_stats_gluon.TREE_REDUCTIONS) for d in backward_stats_gluon.HEAD_DIMS]
+        # and the persistent forward with the warpgroups' ping-pong and the trees (the fast recipes)
+        builds += [("fwd_persistent", "q_shared_merged_s3_pingpong", d, True, True, True, True)
+                   for d in forward_gluon.HEAD_DIMS]
         for name, layout, d, qdo_head, fma, q_in, tree in builds:
             # the persistent forms causal only: their per-block code is built both ways above
             for causal in (True, ) if name.endswith("_persistent") else (True, False):
-                module = layered.get(name)
+                module = layered.get(name.removesuffix("_persistent") if layout else name)
                 names = module.LAYOUT_CONSTANTS if layout else ()
                 default = [getattr(module, n) for n in names]
                 for n, value in zip(names, module.LAYOUTS[layout] if layout else ()):

@@ -134,6 +134,9 @@ def test_compiles_for_sm90():
     assert {(r["kernel"], r["causal"]) for r in rows if r["kernel"].endswith("_persistent")} == {
         ("fwd_persistent", True), ("dq_persistent", True), ("stats_persistent", True)}
     assert all(r["q_in"] for r in rows if r["kernel"] == "fwd_persistent")
+    # and the persistent forward with the warpgroups' ping-pong (forward_gluon.PINGPONG) and the trees
+    assert {r["d"] for r in rows if r["kernel"] == "fwd_persistent" and r["layout"] and "pingpong" in r["layout"]
+            and r["tree"]} == set(forward_gluon.HEAD_DIMS)
     # P's codes reach P·V from the registers they were computed in (gluon_hopper.a_operand_in_place): the
     # forward's loops shuffle only for the two rows' max and sum (2 rows x 2 steps x 2 reductions)
     assert all(loop["shfl"] <= 8 for r in rows if r["kernel"].startswith("fwd") for loop in r["mma_loops"]), rows
@@ -157,7 +160,7 @@ def test_compiles_for_sm90():
                 assert on["max_chain"] <= 16 and on["add_chain"] <= 16, (kernel, on)
                 assert on["instructions"] <= off["instructions"] + 4 and on["shfl"] < off["shfl"], (kernel, on, off)
     # the forward with the one-FMA exponent: its loops and the exact form's (exponent.FMA_EXPONENT)
-    fma = [r for r in rows if r["fma_exponent"]]
+    fma = [r for r in rows if r["fma_exponent"] and r["kernel"] == "fwd"]
     assert {r["causal"] for r in fma} == {True, False}
     assert all(len(r["mma_loops"]) == 2 * len(exact["mma_loops"]) for r in fma for exact in rows
                if exact["kernel"] == "fwd" and exact["layout"] == r["layout"] and exact["causal"] == r["causal"]

@@ -79,7 +79,9 @@ MERGED_WAITS = True
 # only): each waits for its turn before issuing a tile's products and hands the turn over after
 # issuing them, so the tensor cores take one warpgroup's products whole, then the other's, and the
 # two drift half a tile apart: one's exponentials under the other's products. Off: on the H200
-# (fp8_delta) no faster at 8k causal, 2-4% slower at 16k non-causal, same bits (benchmarks/NOTES.md).
+# (fp8_delta) no faster at 8k causal, 2-4% slower at 16k non-causal, same bits; in the persistent
+# kernel with TREE_REDUCTIONS (the pair that gained in the per-block kernel) 3.1-4.7% slower than the
+# default at all four shapes, both recipes (H100; benchmarks/NOTES.md, "Forward").
 PINGPONG = False
 # O written with the strides of its buffer (forward.output_buffer: token-major where q is, so that an
 # attention layer's transpose back needs no copy) instead of contiguous. In the 0.89B Llama's step at
@@ -104,8 +106,8 @@ QUANTIZE_Q_NONCAUSAL = False
 # blocks, the next block's operands loaded while the current one finishes), the same bits. On the
 # H200 (2 x 8k and 1 x 16k tokens, H = 16, CUDA-graph time) the forward took 2.1-2.5% less GPU time
 # at 8k causal, 1.3-1.5% less at 8k and 16k non-causal, 0.4-0.5% less at 16k causal
-# (benchmarks/NOTES.md, "Forward"). The persistent kernel has the default operand layouts only: with
-# Q_IN_REGISTERS or PINGPONG (layout experiments) the per-block kernel runs.
+# (benchmarks/NOTES.md, "Forward"). The persistent kernel takes Q's codes from shared memory only: with
+# Q_IN_REGISTERS (a layout experiment) the per-block kernel runs.
 PERSISTENT = True
 # P's codes handed to P·V in the registers S's accumulator put them in (gluon_hopper.a_operand_in_place;
 # Vᵀ's keys written in that order by the K/V launch, ``quantize.Copies.col_pv``) instead of moved to the
@@ -125,7 +127,7 @@ TREE_REDUCTIONS = False
 
 def _runs_persistent() -> bool:
     """Whether :func:`gluon_forward` launches the persistent kernel (``PERSISTENT``, in its layouts)."""
-    return PERSISTENT and not (Q_IN_REGISTERS or PINGPONG)
+    return PERSISTENT and not Q_IN_REGISTERS
 
 
 def q_quantization_reason(q: torch.Tensor, config: FP8AttentionConfig, causal: bool) -> str | None:
@@ -334,26 +336,27 @@ if gluon is not None:
             mbarrier.arrive(turn.index(1 - WG), count=1)
 
     @gluon.jit
-    def _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2,
-                               slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, turn0, queries,
+                               q2, slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                                pa_layout: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
                                FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) with one wait per tile: tile t's
         P·V and tile t+1's S are issued together and waited for together, so the tensor cores get
         both products of a warpgroup at once while the other warpgroup works on its scores.
-        PINGPONG: the warpgroups' t_hi + 1 issues alternate (``turn``: one mbarrier per warpgroup).
+        PINGPONG: the warpgroups' t_hi + 1 issues alternate (``turn``: one mbarrier per warpgroup;
+        ``turn0``: this warpgroup's issues before these tiles, the persistent kernel's earlier blocks').
         Tile t sits at position c0 + t of the ring's sequence (:func:`_consumer_tiles`)."""
         zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(ready.index(c0 % STAGES), (c0 // STAGES) & 1)
-        _take_turn(turn, 0, WG, PINGPONG)
+        _take_turn(turn, turn0, WG, PINGPONG)
         x = warpgroup_mma(q_op, k_smem.index(c0 % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
         for t in range(0, t_hi - 1):
             p8, acc, l_i, m_i, r_i = _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N,
                                                    LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
-            _take_turn(turn, t + 1, WG, PINGPONG)
+            _take_turn(turn, turn0 + t + 1, WG, PINGPONG)
             acc = warpgroup_mma(p8, vt_smem.index((c0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
             nxt = (c0 + t + 1) % STAGES
             mbarrier.wait(ready.index(nxt), ((c0 + t + 1) // STAGES) & 1)
@@ -364,7 +367,7 @@ if gluon is not None:
         last = t_hi - 1
         p8, acc, l_i, m_i, r_i = _softmax_tile(x, last, acc, l_i, m_i, r_i, queries, q2, slack_x, MASK_LAST, BLOCK_N,
                                                LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
-        _take_turn(turn, t_hi, WG, PINGPONG)
+        _take_turn(turn, turn0 + t_hi, WG, PINGPONG)
         acc = warpgroup_mma(p8, vt_smem.index((c0 + last) % STAGES).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -372,17 +375,18 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
-    def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, queries, q2, slack_x,
-                       BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr,
-                       STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                       WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+    def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, turn0, queries, q2,
+                       slack_x, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
+                       PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
+                       pa_layout: gl.constexpr, WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr,
+                       TREE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (at ring positions c0 + t) into one warpgroup's running (acc, l, m,
         r), in the schedule MERGED picks (causal: the last tile, the program's diagonal one, masked)."""
         if MERGED:
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
-                                                        empty, turn, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
-                                                        LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG, FMA_EXP,
-                                                        P_IN_PLACE, TREE)
+                                                        empty, turn, turn0, queries, q2, slack_x, CAUSAL, BLOCK_N,
+                                                        STAGES, LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG,
+                                                        FMA_EXP, P_IN_PLACE, TREE)
         elif CAUSAL:
             acc, l_i, m_i, r_i = _consumer_tiles(0, t_hi - 1, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                  empty, queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX,
@@ -426,20 +430,20 @@ if gluon is not None:
                 q_op = q_smem.index(WG)
         if MERGED and PINGPONG and WG == 1:  # warpgroup 0 issues first
             mbarrier.arrive(turn.index(0), count=1)
-        _attend_rows(q_op, q2, q0, 0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
-                     bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG, STAGES,
+        _attend_rows(q_op, q2, q0, 0, t_hi, k_smem, vt_smem, ready, empty, turn, 0, VS, OUT, out_row0, OUT_SS, LSE,
+                     bh_q, bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG, STAGES,
                      LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)
 
     @gluon.jit
-    def _attend_rows(q_op, q2, q0, c0, t_hi, k_smem, vt_smem, ready, empty, turn, VS, OUT, out_row0, OUT_SS, LSE, bh_q,
-                     bh_k, SQ, NT_K, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr, HALF_Q: gl.constexpr,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
-                     PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr,
-                     P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+    def _attend_rows(q_op, q2, q0, c0, t_hi, k_smem, vt_smem, ready, empty, turn, turn0, VS, OUT, out_row0, OUT_SS,
+                     LSE, bh_q, bh_k, SQ, NT_K, slack, OUT_STRIDED: gl.constexpr, WG: gl.constexpr,
+                     HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                     MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+                     FMA_BOUND: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
         """A warpgroup's 64 queries q0 .. q0 + 64 of (batch · query head) ``bh_q``, their codes ``q_op``
         (shared memory or registers) and row factors ``q2`` (HALF_Q,) set: key tiles 0 <= t < t_hi (at
         ring positions c0 + t) into their O (scaled by the sequence's channel scales of V) and LSE,
-        written to ``OUT`` and ``LSE``."""
+        written to ``OUT`` and ``LSE``; ``turn``, ``turn0``: the ping-pong's (:func:`_consumer_tiles_merged`)."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
         pa_layout: gl.constexpr = a_operand_layout(o_layout)
@@ -463,12 +467,12 @@ if gluon is not None:
             fma = gl.max(q2, 0) * (D * 448.0 * 448.0) + slack + LOG2_PMAX < FMA_BOUND  # exponent.fma_row_bound
         if fma:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, True, P_IN_PLACE, TREE)
+                                                turn, turn0, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG,
+                                                STAGES, LOG2_PMAX, s_layout, pa_layout, WG, True, P_IN_PLACE, TREE)
         else:
             acc, l_i, m_i, r_i = _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
-                                                turn, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG, STAGES,
-                                                LOG2_PMAX, s_layout, pa_layout, WG, False, P_IN_PLACE, TREE)
+                                                turn, turn0, queries, q2, slack_x, BLOCK_N, CAUSAL, MERGED, PINGPONG,
+                                                STAGES, LOG2_PMAX, s_layout, pa_layout, WG, False, P_IN_PLACE, TREE)
         if TREE:
             l_i = lanes_to_rows(l_i, "sum", rows_s)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))

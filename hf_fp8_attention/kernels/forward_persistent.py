@@ -91,8 +91,8 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
         qk_scale, slack, Q_IN=q_in, Q_HEAD=q_head_amax is not None, POW2=pow2, OUT_STRIDED=fg.TOKEN_MAJOR_OUT,
         HALF_Q=fg.HALF_Q, BLOCK_N=fg.BLOCK_N, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.MERGED_WAITS,
         STAGES=fg.STAGES, LOG2_PMAX=fg.LOG2_PMAX, FMA_BOUND=fg.fma_bound(), P_IN_PLACE=fg.P_IN_PLACE,
-        TREE=fg.TREE_REDUCTIONS, CONSUMER_REGS=fg.CONSUMER_REGS, PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4,
-        maxnreg=fg.MAXNREG)
+        TREE=fg.TREE_REDUCTIONS, PINGPONG=fg.PINGPONG and fg.MERGED_WAITS, CONSUMER_REGS=fg.CONSUMER_REGS,
+        PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4, maxnreg=fg.MAXNREG)
 
 
 if gluon is not None:
@@ -110,18 +110,24 @@ if gluon is not None:
         return fg._store_q_codes(y, codes_smem, QAMAX, sh, HALF_Q, Q_HEAD, POW2, rows_s)
 
     @gluon.jit
-    def _consumer(q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK,
+    def _consumer(q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, turn, SCHED, i0, i1,
+                  N_BLK,
                   QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale, slack,
                   Q_IN: gl.constexpr, Q_HEAD: gl.constexpr, POW2: gl.constexpr, OUT_STRIDED: gl.constexpr,
                   WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                  CAUSAL: gl.constexpr, MERGED: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
-                  FMA_BOUND: gl.constexpr, NQ: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+                  CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+                  LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, NQ: gl.constexpr, P_IN_PLACE: gl.constexpr,
+                  TREE: gl.constexpr):
         """One warpgroup over the program's blocks, entries i0 <= j < i1 of the schedule: per block its
         64 queries' codes and row factors as forward_gluon._consumer forms them, then
-        forward_gluon._attend_rows from ring position c (the key tiles of the blocks before)."""
+        forward_gluon._attend_rows from ring position c (the key tiles of the blocks before). PINGPONG:
+        the two warpgroups take turns issuing products (forward_gluon.PINGPONG) across all blocks; a
+        block of t_hi key tiles makes t_hi + 1 issues, so the turns before block n are c + n."""
         rows_s: gl.constexpr = gl.SliceLayout(1, mma_layout(BLOCK_N))
         if Q_IN:
             mbarrier.wait(h_bar, 0)
+        if PINGPONG and WG == 1:  # warpgroup 0 issues first
+            mbarrier.arrive(turn.index(0), count=1)
         c = 0
         for j in range(i0, i1):
             bh_q, bh_k, m0, t_hi = scheduled_block(SCHED, j, N_BLK, H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL)
@@ -142,9 +148,9 @@ if gluon is not None:
                 out_row0 = (bh_q // H).to(gl.int64) * OUT_SB + (bh_q % H).to(gl.int64) * OUT_SH
             else:  # unused
                 out_row0 = 0
-            fg._attend_rows(q_op, q2, q0, c, t_hi, k_smem, vt_smem, ready, empty, ready, VS, OUT, out_row0, OUT_SS,
-                            LSE, bh_q, bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL, MERGED,
-                            False, STAGES, LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)
+            fg._attend_rows(q_op, q2, q0, c, t_hi, k_smem, vt_smem, ready, empty, turn, c + n, VS, OUT, out_row0,
+                            OUT_SS, LSE, bh_q, bh_k, SQ, NT_K, slack, OUT_STRIDED, WG, HALF_Q, BLOCK_N, D, CAUSAL,
+                            MERGED, PINGPONG, STAGES, LOG2_PMAX, FMA_BOUND, P_IN_PLACE, TREE)
             if not Q_IN:  # every product reading this block's codes has completed
                 mbarrier.arrive(q_free.index(buf), count=1)
             c += t_hi
@@ -194,7 +200,7 @@ if gluon is not None:
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
         STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, FMA_BOUND: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, P_IN_PLACE: gl.constexpr,
-        TREE: gl.constexpr,
+        TREE: gl.constexpr, PINGPONG: gl.constexpr,
     ):
         i0, i1 = program_entries(SCHED)
         # Q_IN: one staging buffer of the 16-bit Q (released as soon as it is rotated) and the codes
@@ -218,15 +224,21 @@ if gluon is not None:
             mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(q_free.index(i), count=2)
         q_dst = q_stage if Q_IN else q_smem
+        if PINGPONG:  # one turn barrier per consumer warpgroup
+            turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for w in gl.static_range(2):
+                mbarrier.init(turn.index(w), count=1)
+        else:  # unused: a placeholder of the same kind (a partition's arguments cannot be None)
+            turn = ready
         gl.warp_specialize([
-            (_consumer, (q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, SCHED, i0, i1,
-                         N_BLK, QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale,
-                         slack, Q_IN, Q_HEAD, POW2, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, STAGES,
-                         LOG2_PMAX, FMA_BOUND, NQ, P_IN_PLACE, TREE)),
-            (_consumer, (q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, SCHED, i0, i1,
-                         N_BLK, QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale,
-                         slack, Q_IN, Q_HEAD, POW2, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, STAGES,
-                         LOG2_PMAX, FMA_BOUND, NQ, P_IN_PLACE, TREE)),
+            (_consumer, (q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, turn, SCHED, i0,
+                         i1, N_BLK, QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale,
+                         slack, Q_IN, Q_HEAD, POW2, OUT_STRIDED, 0, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG,
+                         STAGES, LOG2_PMAX, FMA_BOUND, NQ, P_IN_PLACE, TREE)),
+            (_consumer, (q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, turn, SCHED, i0,
+                         i1, N_BLK, QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale,
+                         slack, Q_IN, Q_HEAD, POW2, OUT_STRIDED, 1, HALF_Q, BLOCK_N, D, CAUSAL, MERGED, PINGPONG,
+                         STAGES, LOG2_PMAX, FMA_BOUND, NQ, P_IN_PLACE, TREE)),
             (_producer, (q_desc, k_desc, vt_desc, h_desc, q_dst, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready,
                          empty, SCHED, i0, i1, N_BLK, H, G, SQ, SK, Q_RB, Q_RH, Q_CH, Q_IN, HALF_Q, BLOCK_N, D,
                          CAUSAL, STAGES, NQ)),

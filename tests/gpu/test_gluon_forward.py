@@ -27,7 +27,7 @@ its scope, so none can pass on the Triton kernel alone.
 - The persistent kernel (``forward_gluon.PERSISTENT``, kernels/forward_persistent.py) runs each
   query block through the same consumer code as the per-block kernel, so O and LSE are its bits,
   with Q's codes made in the kernel (Q by TMA, head-major or token-major) or loaded, and with more
-  blocks than SMs (several blocks per program).
+  blocks than SMs (several blocks per program); with the warpgroups' ping-pong (``PINGPONG``) too.
 """
 from __future__ import annotations
 
@@ -276,6 +276,7 @@ def test_persistent_forward_is_the_per_block_kernel(shape, recipe, layout, q_cod
         wide = torch.zeros(q.shape[0], q.shape[2], q.shape[1], 2 * q.shape[3], dtype=q.dtype, device=q.device)
         wide[..., :q.shape[3]] = q.transpose(1, 2)
         q = wide[..., :q.shape[3]].transpose(1, 2)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", False)
     want = _forward((q, k, v), mask, scale, config)
     persistent, quantizations = [0], [0]
     count_calls(monkeypatch, forward_persistent, "launch", persistent, 0)
@@ -286,6 +287,30 @@ def test_persistent_forward_is_the_per_block_kernel(shape, recipe, layout, q_cod
     q_launch = q_codes == "launch" or layout == "strided"
     assert quantizations[0] == (2 if q_launch else 1)
     assert (forward_gluon.q_quantization_reason(q, config, mask.causal) is None) == (not q_launch)
+    assert _same_bits(got, want)
+
+
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+@pytest.mark.parametrize("shape", ["causal_gqa", "causal_long", *MANY_BLOCKS])
+def test_persistent_pingpong_is_the_per_block_kernel(shape, recipe, tree, gluon_calls, monkeypatch):
+    """``PINGPONG`` in the persistent kernel: the warpgroups' turns run on across a program's blocks
+    (each block t_hi + 1 issues), and only the issue order changes, so O and LSE are the per-block
+    kernel's bits without ping-pong (row reductions as chains or as trees, ``TREE_REDUCTIONS``, on
+    both sides), with several blocks per program (``MANY_BLOCKS``) too. A wrong turn count
+    deadlocks (the test's time limit) rather than passing."""
+    config = RECIPES[recipe]
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
+    monkeypatch.setattr(forward_gluon, "TREE_REDUCTIONS", tree)
+    qkv, mask, scale, inside = _problem(shape, config, torch.bfloat16, seed=29)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", False)
+    want = _forward(qkv, mask, scale, config)
+    persistent = [0]
+    count_calls(monkeypatch, forward_persistent, "launch", persistent, 0)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
+    monkeypatch.setattr(forward_gluon, "PINGPONG", True)
+    got = _forward(qkv, mask, scale, config)
+    assert inside and gluon_calls[0] == 2 and persistent[0] == 1
     assert _same_bits(got, want)
 
 
