@@ -121,7 +121,8 @@ def main() -> int:
     kv = qkv[: 2 * b * h * s]  # the copies' pass reads K, V again
     codes = torch.empty(kv.shape, device=dev, dtype=torch.float8_e4m3fn)
 
-    print("\n## Streaming alone\n\n| programs | warps | pass | MB | µs | GB/s | GB/s a program |\n|---|---|---|---|---|---|---|")
+    print("\n## Streaming alone\n\n| programs | warps | pass | MB | µs | GB/s | GB/s a program |\n"
+          "|---|---|---|---|---|---|---|")
     for warps in (int(w) for w in args.warps.split(",")):
         for programs in (int(r) for r in args.alone.split(",")):
             for name, x, out in (("read", qkv, None), ("read+write", kv, codes)):
