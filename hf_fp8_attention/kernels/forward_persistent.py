@@ -111,8 +111,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(q_stage, q_smem, h_smem, k_smem, vt_smem, h_bar, q_bar, q_free, ready, empty, turn, SCHED, i0, i1,
-                  N_BLK,
-                  QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale, slack,
+                  N_BLK, QAMAX, QS, KS, VS, OUT, OUT_SB, OUT_SH, OUT_SS, LSE, H, G, SQ, SK, NT_K, qk_scale, slack,
                   Q_IN: gl.constexpr, Q_HEAD: gl.constexpr, POW2: gl.constexpr, OUT_STRIDED: gl.constexpr,
                   WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
                   CAUSAL: gl.constexpr, MERGED: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,

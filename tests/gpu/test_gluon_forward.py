@@ -298,7 +298,7 @@ def test_persistent_pingpong_is_the_per_block_kernel(shape, recipe, tree, gluon_
     (each block t_hi + 1 issues), and only the issue order changes, so O and LSE are the per-block
     kernel's bits without ping-pong (row reductions as chains or as trees, ``TREE_REDUCTIONS``, on
     both sides), with several blocks per program (``MANY_BLOCKS``) too. A wrong turn count
-    deadlocks (the test's time limit) rather than passing."""
+    deadlocks the kernel (the GPU scripts' time limit ends the run) rather than passing."""
     config = RECIPES[recipe]
     monkeypatch.setattr(exponent, "FMA_EXPONENT", True)
     monkeypatch.setattr(forward_gluon, "TREE_REDUCTIONS", tree)
