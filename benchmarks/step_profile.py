@@ -156,11 +156,28 @@ def idle_gaps(events: list[dict], package: frozenset[str], top: int = 8) -> tupl
     return dict(by_next), sorted(gaps, reverse=True)[:top]
 
 
+def idle_before_package(events: list[dict], package: frozenset[str]) -> dict[str, list[float]]:
+    """The idle intervals that end at one of the package's kernels, by that kernel's name: name ->
+    [µs, intervals]. Where the GPU waits for the host, this names the launches it waits for (a
+    host-bound forward shows its preparation and attention launches here)."""
+    out: dict[str, list[float]] = {}
+    ordered = sorted(events, key=lambda e: e["ts"])
+    end = ordered[0]["ts"] + ordered[0]["dur"]
+    for e in ordered[1:]:
+        if e["ts"] > end and categorize(e["name"], e["cat"], package) == "attention (package)":
+            entry = out.setdefault(e["name"], [0.0, 0])
+            entry[0] += e["ts"] - end
+            entry[1] += 1
+        end = max(end, e["ts"] + e["dur"])
+    return out
+
+
 def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
     """Per step: µs by category (``idle`` included), ``wall_us``, µs per kernel name
     (``kernels``: name -> [category, µs]), the idle time by the kind of kernel that ends each idle
-    interval (``idle_before``), the largest idle intervals of the whole trace (``gaps``, µs) and
-    :func:`phase_split`'s ``phases``. The phase markers count in ``phases`` only."""
+    interval (``idle_before``), the same for the package's kernels by name (``idle_before_package``:
+    name -> [µs, intervals], both per step), the largest idle intervals of the whole trace (``gaps``,
+    µs) and :func:`phase_split`'s ``phases``. The phase markers count in ``phases`` only."""
     phases = phase_split(events, package, steps) if events else None
     events = [e for e in events if not is_marker(e)]
     if not events:
@@ -176,6 +193,8 @@ def summarize(events: list[dict], steps: int, package: frozenset[str]) -> dict:
     idle_before, gaps = idle_gaps(events, package)
     return {"wall_us": wall, "categories": {c: by_cat.get(c, 0.0) for c in CATEGORIES}, "kernels": by_name,
             "idle_before": {c: us / steps for c, us in idle_before.items()}, "gaps": gaps,
+            "idle_before_package": {name: [us / steps, n / steps]
+                                    for name, (us, n) in idle_before_package(events, package).items()},
             "phases": phases}
 
 
@@ -272,6 +291,13 @@ def render(env: dict, args, results: dict[str, dict]) -> str:
     else:
         unsplit = ", ".join(i for i in impls if not results[i].get("phases"))
         lines += ["", f"By phase: not split (no marker copies of {MARKER_BYTES} bytes in the trace of {unsplit})."]
+    for impl in impls:
+        waits = sorted(((us, n, name) for name, (us, n) in results[impl].get("idle_before_package", {}).items()),
+                       reverse=True)
+        if waits:
+            lines += ["", f"{impl}: idle time just before the package's kernels, by kernel (per step):", "",
+                      "| kernel | idle µs | intervals | µs an interval |", "|---|---|---|---|"]
+            lines += [f"| `{name[:60]}` | {us:.0f} | {n:.1f} | {us / n:.0f} |" for us, n, name in waits]
     for impl in impls:
         lines += ["", f"{impl}: the largest idle intervals of the {args.steps} steps "
                   "(µs, kernel before → after):", ""]

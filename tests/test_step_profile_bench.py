@@ -61,6 +61,16 @@ def test_summary_per_step_and_idle_time():
     # idle intervals 40-50 (before a GEMM), 85-100 (before the package's kernel), 140-150 (before "other")
     assert got["idle_before"] == {"gemm": 5.0, "attention (package)": 7.5, "other": 5.0}
     assert got["gaps"][0] == [15, "Memset", "_fwd_kernel"]
+    # of the idle intervals, the one before the package's kernel, by name: 15 µs in 2 steps
+    assert got["idle_before_package"] == {"_fwd_kernel": [7.5, 0.5]}
+
+
+def test_idle_before_package_kernels_by_name():
+    package = frozenset({"_fwd_kernel", "quantize_kernel"})
+    events = [_event("quantize_kernel", 0, 10), _event("_fwd_kernel", 30, 10), _event("gemm", 45, 10),
+              _event("long", 60, 100), _event("quantize_kernel", 70, 5),  # covered by "long": no wait
+              _event("quantize_kernel", 170, 5), _event("_fwd_kernel", 175, 5)]  # back to back: no wait
+    assert step_profile.idle_before_package(events, package) == {"_fwd_kernel": [20, 1], "quantize_kernel": [10, 1]}
 
 
 def test_idle_gaps_skip_intervals_covered_by_another_stream():
@@ -90,6 +100,10 @@ def test_table_gives_differences_to_sdpa():
     assert "- +200 µs (other) `direct_copy_kernel`" in text
     assert "- 90 `_fwd_kernel`" in text
     assert "| gemm | 0.00 | 2.00 |" in text and "- 200: `a` → `b`" in text
+    waiting = result(90, 200)
+    waiting["idle_before_package"] = {"quantize_kernel": [300.0, 2.0]}
+    text = step_profile.render({"gpu": "test"}, args, {"sdpa": result(100, 0), "fp8_delta": waiting})
+    assert "| `quantize_kernel` | 300 | 2.0 | 150 |" in text
 
 
 def _marker(ts):
