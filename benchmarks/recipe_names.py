@@ -109,6 +109,8 @@ ON_OFF_SWITCHES = {
     "--direct-launch": ("launch", "DIRECT_LAUNCH",
                         "1: the Triton launches through the direct launch path; 0: through Triton's own, whatever "
                         "HF_FP8_ATTENTION_DIRECT_LAUNCH says"),
+    "--one-read": ("one_read_prep", "ONE_READ",
+                   "1: an operand pair's statistics and copies in one launch where it applies; 0: two launches"),
 }
 
 
@@ -145,7 +147,10 @@ def add_schedule_options(parser) -> None:
     - ``--gluon-forward-d64 0|1``: the Gluon forward at head dim 64 as well as 128, or at 128 only
       (``kernels.forward.GLUON_FORWARD``);
     - ``--direct-launch 0|1``: the Triton launches through the direct launch path or Triton's own,
-      whatever ``HF_FP8_ATTENTION_DIRECT_LAUNCH`` says (``kernels.launch.DIRECT_LAUNCH``)."""
+      whatever ``HF_FP8_ATTENTION_DIRECT_LAUNCH`` says (``kernels.launch.DIRECT_LAUNCH``);
+    - ``--one-read 0|1``: an operand pair's statistics and FP8 copies in one launch where it applies,
+      or in two (``kernels.one_read_prep.ONE_READ``, off by default): one launch fewer per pair, for
+      steps whose forward waits on the host."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",

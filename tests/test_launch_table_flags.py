@@ -158,8 +158,9 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     import argparse
 
     import recipe_names
-    from hf_fp8_attention.kernels import forward, forward_gluon, launch
+    from hf_fp8_attention.kernels import forward, forward_gluon, launch, one_read_prep
 
+    monkeypatch.setattr(one_read_prep, "ONE_READ", False)
     monkeypatch.setattr(forward_gluon, "QUANTIZE_Q", True)
     monkeypatch.setattr(forward_gluon, "PERSISTENT", True)
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
@@ -170,6 +171,7 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
     assert forward_gluon.QUANTIZE_Q is True and forward_gluon.PERSISTENT is True  # left as they were
     assert forward.HAND_OVER_KV_COPIES is True and forward.GLUON_FORWARD == (128, ) and launch.DIRECT_LAUNCH is None
+    assert one_read_prep.ONE_READ is False
     for value in (0, 1):
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--quantize-q", str(value)]))
         assert forward_gluon.QUANTIZE_Q is bool(value) and note == f"QUANTIZE_Q={bool(value)}"
@@ -182,6 +184,8 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
         assert forward.GLUON_FORWARD == dims and note == f"GLUON_FORWARD={dims}"
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--direct-launch", str(value)]))
         assert launch.DIRECT_LAUNCH is bool(value) and note == f"DIRECT_LAUNCH={bool(value)}"
+        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--one-read", str(value)]))
+        assert one_read_prep.ONE_READ is bool(value) and note == f"ONE_READ={bool(value)}"
 
 
 def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
@@ -193,20 +197,20 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
 
     import recipe_names
     from hf_fp8_attention.kernels import (
-        backward, exponent, forward, forward_gluon, gluon_hopper, launch, sequence_stats,
+        backward, exponent, forward, forward_gluon, gluon_hopper, launch, one_read_prep, sequence_stats,
     )
 
     def values():
         return (dict(backward.LAUNCH), dict(gluon_hopper.DISPATCH), exponent.FMA_EXPONENT,
                 exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
                 forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q, forward_gluon.PERSISTENT,
-                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH)
+                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH, one_read_prep.ONE_READ)
 
     for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
                                 (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True),
                                 (forward_gluon, "QUANTIZE_Q", True), (forward_gluon, "PERSISTENT", True),
                                 (forward, "HAND_OVER_KV_COPIES", False), (forward, "GLUON_FORWARD", (128, )),
-                                (launch, "DIRECT_LAUNCH", None)):
+                                (launch, "DIRECT_LAUNCH", None), (one_read_prep, "ONE_READ", False)):
         monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
     before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
     state = recipe_names.schedule_state()
@@ -215,13 +219,13 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
              "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0",
              "--quantize-q", "0", "--persistent", "0", "--hand-over-kv", "1", "--gluon-forward-d64", "1",
-             "--direct-launch", "1"]
+             "--direct-launch", "1", "--one-read", "1"]
     try:
         recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
         changed = values()
         # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
         assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True,
-                                                             True, True, True, True], changed
+                                                             True, True, True, True, True], changed
     finally:
         recipe_names.restore_schedule(state)
     assert values() == before
