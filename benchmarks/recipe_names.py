@@ -88,12 +88,6 @@ def apply_launch_tables(parser, quant_spec: str, stats_spec: str, quant_flag: st
             parser.error(f"{flag}: {err}")
 
 
-# The options of add_schedule_options, as the scripts' result headers name them.
-SCHEDULE_FLAGS = ("`--backward-chunks`, `--head-group`, `--chunk-by-size`, `--fma-exponent [0|1]`, `--fold-stats 0|1`, "
-                  "`--token-major-out 0|1`, `--quantize-q 0|1`, `--persistent 0|1`, `--hand-over-kv 0|1`, "
-                  "`--gluon-forward-d64 0|1`, `--direct-launch 0|1`")
-
-
 # The schedule options that switch one constant of a kernels module on (1) or off (0):
 # flag -> (module, constant, help without the constant's name).
 ON_OFF_SWITCHES = {
@@ -112,6 +106,11 @@ ON_OFF_SWITCHES = {
     "--one-read": ("one_read_prep", "ONE_READ",
                    "1: an operand pair's statistics and copies in one launch where it applies; 0: two launches"),
 }
+
+# The options of add_schedule_options, as the scripts' result headers name them.
+SCHEDULE_FLAGS = ", ".join(
+    ["`--backward-chunks`", "`--head-group`", "`--chunk-by-size`", "`--fma-exponent [0|1]`", "`--token-major-out 0|1`",
+     "`--gluon-forward-d64 0|1`"] + [f"`{flag} 0|1`" for flag in ON_OFF_SWITCHES])
 
 
 def _on_off_switches():

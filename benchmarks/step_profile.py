@@ -139,20 +139,27 @@ def busy_us(events: list[dict]) -> float:
     return total
 
 
+def idle_intervals(events: list[dict]):
+    """The GPU's idle intervals in time order, each as (µs, the name of the kernel that ran last
+    before it, the event that ends it); an interval covered by a kernel on another stream is none."""
+    ordered = sorted(events, key=lambda e: e["ts"])
+    end, before = ordered[0]["ts"] + ordered[0]["dur"], ordered[0]["name"]
+    for e in ordered[1:]:
+        if e["ts"] > end:
+            yield e["ts"] - end, before, e
+        if e["ts"] + e["dur"] >= end:
+            end, before = e["ts"] + e["dur"], e["name"]
+
+
 def idle_gaps(events: list[dict], package: frozenset[str], top: int = 8) -> tuple[dict[str, float], list[list]]:
     """The GPU's idle intervals, each charged to the kind of the kernel that ends it (what the GPU
     waited for the host to issue): (µs by category, the ``top`` largest gaps as [µs, kernel before,
     kernel after])."""
     by_next: dict[str, float] = defaultdict(float)
     gaps = []
-    ordered = sorted(events, key=lambda e: e["ts"])
-    end, before = ordered[0]["ts"] + ordered[0]["dur"], ordered[0]["name"]
-    for e in ordered[1:]:
-        if e["ts"] > end:
-            by_next[categorize(e["name"], e["cat"], package)] += e["ts"] - end
-            gaps.append([e["ts"] - end, before, e["name"]])
-        if e["ts"] + e["dur"] >= end:
-            end, before = e["ts"] + e["dur"], e["name"]
+    for us, before, e in idle_intervals(events):
+        by_next[categorize(e["name"], e["cat"], package)] += us
+        gaps.append([us, before, e["name"]])
     return dict(by_next), sorted(gaps, reverse=True)[:top]
 
 
@@ -161,14 +168,11 @@ def idle_before_package(events: list[dict], package: frozenset[str]) -> dict[str
     [µs, intervals]. Where the GPU waits for the host, this names the launches it waits for (a
     host-bound forward shows its preparation and attention launches here)."""
     out: dict[str, list[float]] = {}
-    ordered = sorted(events, key=lambda e: e["ts"])
-    end = ordered[0]["ts"] + ordered[0]["dur"]
-    for e in ordered[1:]:
-        if e["ts"] > end and categorize(e["name"], e["cat"], package) == "attention (package)":
+    for us, _, e in idle_intervals(events):
+        if categorize(e["name"], e["cat"], package) == "attention (package)":
             entry = out.setdefault(e["name"], [0.0, 0])
-            entry[0] += e["ts"] - end
+            entry[0] += us
             entry[1] += 1
-        end = max(end, e["ts"] + e["dur"])
     return out
 
 
