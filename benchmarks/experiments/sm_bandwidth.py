@@ -31,9 +31,11 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_fp8_attention.kernels import forward, forward_gluon, persistent_schedule  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_fp8_attention.kernels import forward, forward_gluon  # noqa: E402
 from hf_fp8_attention.kernels.tiles import sm_count  # noqa: E402
 from hf_fp8_attention.masking import MaskSpec  # noqa: E402
+from prep_overlap import reserved_sms  # noqa: E402
 from recipe_names import recipe_config  # noqa: E402
 
 ROWS, D = 64, 128  # one program's tile of the streamed tensor: (ROWS, D) bf16, 16 KB
@@ -85,16 +87,6 @@ def captured_gluon_call(q, k, v, kw):
     return seen["call"]
 
 
-def with_programs(programs: int, fn):
-    """Run ``fn`` with the persistent kernel's program count limited to ``programs``."""
-    original = persistent_schedule.sm_count
-    persistent_schedule.sm_count = lambda index: programs
-    try:
-        return fn()
-    finally:
-        persistent_schedule.sm_count = original
-
-
 def graph_us(fn, rep: int) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3
 
@@ -144,7 +136,11 @@ def main() -> int:
           "x whole forward |\n|---|---|---|---|---|---|")
     for reserve in (int(r) for r in args.reserve.split(",")):
         def kernel():
-            with_programs(sms - reserve, lambda: forward_gluon.gluon_forward(*call_args, **call_kw))
+            undo = reserved_sms(reserve)
+            try:
+                forward_gluon.gluon_forward(*call_args, **call_kw)
+            finally:
+                undo()
 
         def prep():
             stream(qkv, None, reserve, warps, args.stages)
