@@ -234,12 +234,13 @@ _STATS_FLAGS = (("_ROTATE", "R"), ("_EXT", "e"), ("_SUM", "s"), ("_AMAX", "a"))
 
 def _copies_label(rec: dict) -> str:
     """A quantization launch's copies per operand (``X:rc Y:r``: X row- and channel-wise, Y row-wise);
-    a statistics launch's statistics per operand (``X:Resa Y:a``, letters in :data:`_STATS_FLAGS`)."""
+    a statistics launch's statistics per operand (``X:Resa Y:a Z:Rea``, letters in :data:`_STATS_FLAGS`)."""
     c = rec["consts"]
     if rec["kernel"] == "quantize_kernel":
         return " ".join(f"{op}:{'r' * bool(c.get(op + '_ROW'))}{'c' * bool(c.get(op + '_COL'))}" for op in ("X", "Y"))
-    if rec["kernel"] == "_partials_kernel":
-        return " ".join(f"{op}:" + "".join(ch for key, ch in _STATS_FLAGS if c.get(op + key)) for op in ("X", "Y"))
+    if rec["kernel"] == "_partials_kernel":  # Z: a third operand (Q beside K and V)
+        ops = ("X", "Y", "Z") if c.get("Z_OP") else ("X", "Y")
+        return " ".join(f"{op}:" + "".join(ch for key, ch in _STATS_FLAGS if c.get(op + key)) for op in ops)
     return ""
 
 

@@ -105,6 +105,9 @@ ON_OFF_SWITCHES = {
                         "HF_FP8_ATTENTION_DIRECT_LAUNCH says"),
     "--one-read": ("one_read_prep", "ONE_READ",
                    "1: an operand pair's statistics and copies in one launch where it applies; 0: two launches"),
+    "--q-stats-beside-kv": ("forward", "Q_STATS_BESIDE_KV",
+                            "1: the forward computes Q's statistics in the K/V statistics launch where Q shares their "
+                            "token axis; 0: in a launch of their own"),
 }
 
 # The options of add_schedule_options, as the scripts' result headers name them.
@@ -149,7 +152,9 @@ def add_schedule_options(parser) -> None:
       whatever ``HF_FP8_ATTENTION_DIRECT_LAUNCH`` says (``kernels.launch.DIRECT_LAUNCH``);
     - ``--one-read 0|1``: an operand pair's statistics and FP8 copies in one launch where it applies,
       or in two (``kernels.one_read_prep.ONE_READ``, off by default): one launch fewer per pair, for
-      steps whose forward waits on the host."""
+      steps whose forward waits on the host;
+    - ``--q-stats-beside-kv 0|1``: the forward's statistics of Q in the K/V statistics launch, or in a
+      launch of their own (``kernels.forward.Q_STATS_BESIDE_KV``, on by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",

@@ -166,6 +166,7 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     monkeypatch.setattr(forward, "HAND_OVER_KV_COPIES", True)
     monkeypatch.setattr(forward, "GLUON_FORWARD", (128, ))
     monkeypatch.setattr(launch, "DIRECT_LAUNCH", None)
+    monkeypatch.setattr(forward, "Q_STATS_BESIDE_KV", True)
     parser = argparse.ArgumentParser()
     recipe_names.add_schedule_options(parser)
     assert recipe_names.apply_schedule_options(parser, parser.parse_args([])) == ""
@@ -186,6 +187,8 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
         assert launch.DIRECT_LAUNCH is bool(value) and note == f"DIRECT_LAUNCH={bool(value)}"
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--one-read", str(value)]))
         assert one_read_prep.ONE_READ is bool(value) and note == f"ONE_READ={bool(value)}"
+        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--q-stats-beside-kv", str(value)]))
+        assert forward.Q_STATS_BESIDE_KV is bool(value) and note == f"Q_STATS_BESIDE_KV={bool(value)}"
 
 
 def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
@@ -204,13 +207,15 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
         return (dict(backward.LAUNCH), dict(gluon_hopper.DISPATCH), exponent.FMA_EXPONENT,
                 exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
                 forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q, forward_gluon.PERSISTENT,
-                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH, one_read_prep.ONE_READ)
+                forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH, one_read_prep.ONE_READ,
+                forward.Q_STATS_BESIDE_KV)
 
     for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
                                 (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True),
                                 (forward_gluon, "QUANTIZE_Q", True), (forward_gluon, "PERSISTENT", True),
                                 (forward, "HAND_OVER_KV_COPIES", False), (forward, "GLUON_FORWARD", (128, )),
-                                (launch, "DIRECT_LAUNCH", None), (one_read_prep, "ONE_READ", False)):
+                                (launch, "DIRECT_LAUNCH", None), (one_read_prep, "ONE_READ", False),
+                                (forward, "Q_STATS_BESIDE_KV", True)):
         monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
     before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
     state = recipe_names.schedule_state()
@@ -219,13 +224,13 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
              "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0",
              "--quantize-q", "0", "--persistent", "0", "--hand-over-kv", "1", "--gluon-forward-d64", "1",
-             "--direct-launch", "1", "--one-read", "1"]
+             "--direct-launch", "1", "--one-read", "1", "--q-stats-beside-kv", "0"]
     try:
         recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
         changed = values()
         # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
         assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True,
-                                                             True, True, True, True, True], changed
+                                                             True, True, True, True, True, True], changed
     finally:
         recipe_names.restore_schedule(state)
     assert values() == before
@@ -242,6 +247,8 @@ def test_kernel_resources_labels_statistics_launches_by_operand():
     k_alone = {"kernel": "_partials_kernel", "consts": {**flags, "Y_AMAX": False}}
     assert kernel_resources.full_label(kv) == "stats partials sub32 transposed X:Resa Y:a"
     assert kernel_resources.full_label(k_alone) == "stats partials sub32 transposed X:Resa Y:"
+    kvq = {"kernel": "_partials_kernel", "consts": {**flags, "Z_OP": True, "Z_ROTATE": True, "Z_EXT": True}}
+    assert kernel_resources.full_label(kvq) == "stats partials sub32 transposed X:Resa Y:a Z:Re"
     quant = {"kernel": "quantize_kernel", "consts": {"X_ROTATE": True, "Y_ROTATE": False, "ROW_CHUNK": 64,
                                                      "COL_GROUP": 64, "X_ROW": True, "X_COL": False, "Y_ROW": False,
                                                      "Y_COL": True}}

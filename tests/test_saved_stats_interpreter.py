@@ -75,18 +75,62 @@ def test_autograd_hands_the_statistics_over(host_side_only, monkeypatch):
     assert calls == [2, 2, 2]
 
 
-def test_autograd_hands_the_query_statistics_over(host_side_only, monkeypatch):
-    """The fast recipe (one Q scale per head): the forward's Q statistics read Q; the backward's
-    read dO alone (kernels stubbed, as above)."""
+@pytest.mark.parametrize("beside", [True, False], ids=["beside_kv", "own_launch"])
+def test_autograd_hands_the_query_statistics_over(host_side_only, monkeypatch, beside):
+    """The fast recipe (one Q scale per head): the forward's statistics read Q, in the K/V launch
+    (``forward.Q_STATS_BESIDE_KV``) or in one of their own; the backward's read dO alone (kernels
+    stubbed, as above)."""
+    from hf_fp8_attention.kernels import forward
+
+    monkeypatch.setattr(forward, "Q_STATS_BESIDE_KV", beside)
     calls = []
     stats = operands.sequence_stats
     monkeypatch.setattr(operands, "sequence_stats", lambda xs, *a, **kw: calls.append(xs) or stats(xs, *a, **kw))
     config = RECIPES["fp8_delta_fast"].replace(backend="triton", block_q=32, block_k=32)
-    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(make_qkv(1, 2, 2, 40, d=64, dtype=torch.float32)))
+    q, k, v, dout = (t.requires_grad_(i < 3) for i, t in enumerate(make_qkv(1, 4, 2, 40, d=64, dtype=torch.float32)))
     out = fp8_attention(q, k, v, causal=True, config=config)
-    assert [len(xs) for xs in calls] == [2, 1] and calls[1][0] is q  # (K, V), then Q
+    if beside:
+        assert [len(xs) for xs in calls] == [3] and calls[0][2] is q  # (K, V, Q) in one launch
+    else:
+        assert [len(xs) for xs in calls] == [2, 1] and calls[1][0] is q  # (K, V), then Q
     out.backward(dout)
-    assert len(calls) == 3 and len(calls[2]) == 1 and calls[2][0] is dout
+    assert len(calls[-1]) == 1 and calls[-1][0] is dout
+
+
+# Q's statistics beside K's and V's (forward.Q_STATS_BESIDE_KV) against a launch of their own: the
+# same forward and gradients bit for bit, grouped-query heads, dense and packed (one sequence empty).
+@pytest.mark.parametrize("recipe, packed", [("fp8_delta_fast", False), ("fp8_delta_fast", True),
+                                            ("fp8_stale_fast", False)])
+def test_query_statistics_beside_kv_give_the_same_bits(recipe, packed, monkeypatch):
+    from hf_fp8_attention.kernels import forward
+
+    config = RECIPES[recipe].replace(backend="triton", block_q=32, block_k=32)
+    q, k, v, dout = make_qkv(1, 4, 2, 40, d=64, dtype=torch.float32, seed=7, outliers=True)
+    mask, scale = _mask(packed), 0.125
+    assert forward.q_stats_beside_kv(q, k, mask)
+    results = []
+    for beside in (True, False):
+        monkeypatch.setattr(forward, "Q_STATS_BESIDE_KV", beside)
+        kept = {}
+        out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config, block_m=16, for_backward=kept)
+        grads = triton_backward(q, k, v, out, lse, dout, scale=scale, mask=mask, config=config,
+                                kv_stats=kept["kv_stats"], q_stats=kept["q_stats"])
+        results.append((out, lse, *kept["q_stats"], *grads))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_query_statistics_share_the_launch_only_on_one_token_axis():
+    """Q beside K and V needs one token axis: not for a shorter Q (decoding), nor for packed
+    batches whose Q and K offsets are different tensors (equal values would need a device read)."""
+    from hf_fp8_attention.kernels.forward import q_stats_beside_kv
+
+    q, k = torch.zeros(1, 4, 40, 64), torch.zeros(1, 2, 40, 64)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32)
+    assert q_stats_beside_kv(q, k, MaskSpec(causal=True))
+    assert not q_stats_beside_kv(q[:, :, :1], k, MaskSpec(causal=True))
+    assert not q_stats_beside_kv(q.half(), k, MaskSpec(causal=True))
+    assert q_stats_beside_kv(q, k, MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu))
+    assert not q_stats_beside_kv(q, k, MaskSpec(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu.clone()))
 
 
 def _count_backward_prep(monkeypatch) -> list:

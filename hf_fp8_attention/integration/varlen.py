@@ -84,15 +84,18 @@ def plan_varlen(valid: torch.Tensor, q_len: int, segment_ids: torch.Tensor | Non
     q_group = group_of_pos.view(batch, kv_len)[:, kv_len - q_len :].reshape(-1)
     idx_q = (q_group >= 0).nonzero().squeeze(1)
     counts_q = torch.bincount(q_group[idx_q], minlength=n_seq)
-    counts_k = torch.bincount(group, minlength=n_seq)
+    cu_seqlens_q = _cumulative(counts_q)
+    # Every key position a query (q_len == kv_len): the same offsets, one tensor for both (the forward
+    # then computes Q's statistics in the K/V launch: kernels.forward.q_stats_beside_kv).
+    cu_seqlens_k = cu_seqlens_q if q_len == kv_len else _cumulative(torch.bincount(group, minlength=n_seq))
     return VarlenPlan(
         batch=batch,
         q_len=q_len,
         kv_len=kv_len,
         idx_q=idx_q,
         idx_k=idx_k,
-        cu_seqlens_q=_cumulative(counts_q),
-        cu_seqlens_k=_cumulative(counts_k),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
         has_holes=has_holes,
     )
 

@@ -511,6 +511,23 @@ def _use_tma(device: torch.device) -> bool:
     return not interpreting() and has_tma(device.index) and os.environ.get(TMA_ENV, "1") != "0"
 
 
+# Q's statistics (the fast recipes' per-head scale, the backward's handed-over statistics) in the
+# K/V statistics launch where Q shares their token axis (q_stats_beside_kv): one launch fewer per
+# forward, for steps whose forward waits on the host. Off: a launch of their own (A/Bs).
+Q_STATS_BESIDE_KV = True
+
+
+def q_stats_beside_kv(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec) -> bool:
+    """Whether Q's statistics share the K/V statistics launch (:data:`Q_STATS_BESIDE_KV`): Q and K on
+    one token axis (the same batch and length; packed, the same ``cu_seqlens`` tensor for both), of
+    one head dim and dtype. ``q`` (B, Hq, Sq, D), ``k`` (B, Hkv, Sk, D)."""
+    if not Q_STATS_BESIDE_KV or q.dtype != k.dtype:
+        return False
+    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]):
+        return False
+    return not mask.is_varlen or (mask.cu_seqlens_q is mask.cu_seqlens_k and mask.max_seqlen_q == mask.max_seqlen_k)
+
+
 def output_buffer(q: torch.Tensor, *, zeros: bool, token_major: bool = True) -> torch.Tensor:
     """O's buffer ``(B, Hq, Sq, D)`` in q's dtype and device (zero-filled with ``zeros``), laid out as
     q where q is token-major (a ``(B, Sq, Hq, D)`` tensor transposed, as attention layers make it) and
@@ -586,9 +603,17 @@ def triton_forward(
     triton_pv = not use_gluon and P_IN_PLACE_TRITON and pv_order_fits(sk, varlen)
     v_copies = copies_for("v", config, row=hand_over, col=True)._replace(
         col_pv=(use_gluon and forward_gluon.P_IN_PLACE) or triton_pv)
-    kv_stats, (k_all, v_all) = stats_then_copies(
+    q_first = _quantizes_q_first(config)
+    q_copies = copies_for("q", config, row=True, col=False) if q_first else None
+    # Where Q's statistics launch runs anyway, it computes the backward's statistics of Q as well.
+    q_hand_over = q_first and for_backward is not None and q_copies.needs_stats
+    q_also = backward_q_copies(config) if q_hand_over else None
+    beside = ((q, q_copies, q_also) if q_first and q_copies.needs_stats and q_stats_beside_kv(q, k, mask)
+              else None)
+    stats, (k_all, v_all) = stats_then_copies(
         (k, v), (k_copies, v_copies), block=bn, pow2=config.pow2_scales, cu_seqlens=mask.cu_seqlens_k,
-        max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config))
+        max_seqlen=max_k, also=None if for_backward is None else backward_kv_copies(config), beside=beside)
+    kv_stats = stats[:2]
     (k_codes, k_scales, _, _, _), (_, _, vt_codes, v_scales, tile_off) = k_all, v_all
     if for_backward is not None:
         for_backward["kv_stats"] = kv_stats
@@ -598,13 +623,10 @@ def triton_forward(
     q_stats = (None, )
     # The Gluon kernel makes the rotated Q's codes itself (forward_gluon.QUANTIZE_Q).
     q_in_kernel = use_gluon and forward_gluon.q_quantization_reason(q, config, bool(mask.causal)) is None
-    if _quantizes_q_first(config):
-        q_copies = copies_for("q", config, row=True, col=False)
-        # Where this launch runs anyway, it computes the backward's statistics of Q as well.
-        hand_over = for_backward is not None and q_copies.needs_stats
-        q_stats = stats_for((q,), (q_copies,), mask.cu_seqlens_q, max_q,
-                            also=(backward_q_copies(config),) if hand_over else None)
-        if hand_over:
+    if q_first:
+        q_stats = stats[2:] if beside is not None else stats_for(
+            (q,), (q_copies,), mask.cu_seqlens_q, max_q, also=None if q_also is None else (q_also,))
+        if q_hand_over:
             for_backward["q_stats"] = q_stats[0]
         if not q_in_kernel:
             (q_codes, q_scales, _, _, _), = quantize_operands(

@@ -46,10 +46,10 @@ ONE_READ_LAUNCH = {"row_chunk": 16, "col_group": 16, "num_warps": None, "row_sta
 
 @triton.jit
 def _one_read_kernel(
-    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
-    H, S, D, N_BH, N_SLOTS,  # the statistics launch's (sequence_stats._partials_kernel)
-    sync_ptr,  # int32 (1 + 2·N_SH,) zeros: the ticket, then one counter per (operand, sequence·head)
-    x_out_ptr, y_out_ptr, N_SH, N_CHUNKS, N_ROWS,
+    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr, part_ptr, cu_ptr,
+    chunk_off_ptr, H, HY, HZ, S, D, N_BATCH, N_SEQ, N_SLOTS,  # the statistics launch's (no Z; HY == H)
+    sync_ptr,  # int32 (1 + 2·N_SEQ·H,) zeros: the ticket, then one counter per (operand, sequence·head)
+    x_out_ptr, y_out_ptr, z_out_ptr, N_CHUNKS, N_ROWS,
     qx_row_codes_ptr, qx_row_scales_ptr, qx_col_codes_ptr, qx_col_scales_ptr,  # the copies' (quantize_kernel)
     qy_row_codes_ptr, qy_row_scales_ptr, qy_col_codes_ptr, qy_col_scales_ptr,
     x_shift_ptr, x_row_amax_ptr, x_col_amax_ptr, y_shift_ptr, y_row_amax_ptr, y_col_amax_ptr,
@@ -77,13 +77,14 @@ def _one_read_kernel(
     bh = (item // N_CHUNKS) % N_ROWS
     op = item // (N_CHUNKS * N_ROWS)
     count_ptr = sync_ptr + 1
-    length = chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr,
-                            chunk_off_ptr, chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr,
-                            N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE, STAGES,
-                            TRANSPOSED, SX_ROTATE, SX_EXT, SX_SUM, SX_AMAX, SY_ROTATE, SY_EXT, SY_SUM, SY_AMAX, True,
-                            SX_MEAN_ROTATE, SY_MEAN_ROTATE, MEAN_COLS, FOLD_LOADS, True)
+    length = chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr,
+                            part_ptr, cu_ptr, chunk_off_ptr, chunk, bh, op, H, H, H, S, D, N_BATCH, N_SEQ, N_SLOTS,
+                            count_ptr, x_out_ptr, y_out_ptr, z_out_ptr, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE,
+                            ELEMENTWISE, STAGES, TRANSPOSED, SX_ROTATE, SX_EXT, SX_SUM, SX_AMAX, SY_ROTATE, SY_EXT,
+                            SY_SUM, SY_AMAX, False, False, False, False, True, SX_MEAN_ROTATE, SY_MEAN_ROTATE, False,
+                            MEAN_COLS, FOLD_LOADS, True, False)
     if chunk * CHUNK < length:
-        wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK)
+        wait_for_statistics(count_ptr, op, bh, length, N_SEQ * H, CHUNK)
         quantize_block(
             chunk * TILES, bh, op,
             x_ptr, sxb, sxh, sxs, sxd, qx_row_codes_ptr, qx_row_scales_ptr, qx_col_codes_ptr, qx_col_scales_ptr,
@@ -141,13 +142,13 @@ def one_read_operands(
     plan = plan_quantize(xs, copies, block=block, pow2=pow2, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                          stats=st.results, launch=ONE_READ_LAUNCH, fn="one_read_operands")
     n_chunks, n_rows, n_ops = st.grid
-    sync = torch.zeros(1 + n_ops * st.n_sh, dtype=torch.int32, device=xs[0].device)
+    sync = torch.zeros(1 + st.counters, dtype=torch.int32, device=xs[0].device)
     # Each operand's copies' buffers follow its input and four strides (which the statistics'
     # arguments carry, as they do the Hadamard matrix and the sizes but S_PAD and NT).
     copies_x, copies_y = plan.operands[0][5:], plan.operands[1][5:]
     stats_xy = (*plan.stats[0], *plan.stats[1])
     packing = (*plan.packing, *plan.sizes[3:])
-    stats_meta = {("S" + k if k[:2] in ("X_", "Y_") else k): v for k, v in st.meta.items()}
+    stats_meta = {("S" + k if k[:2] in ("X_", "Y_") else k): v for k, v in st.meta.items() if k[:2] != "Z_"}
     copies_meta = {k: v for k, v in plan.meta.items()
                    if k not in stats_meta and k not in ("num_warps", "maxnreg")}
     copies_meta["TILES"] = CHUNK // block

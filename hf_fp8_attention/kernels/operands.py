@@ -13,6 +13,8 @@ and the backward quantize Q and K for QKᵀ identically (the backward's logits a
 """
 from __future__ import annotations
 
+import functools
+
 from ..config import FP8AttentionConfig, Granularity, PScaling
 from ..transforms import hadamard_block
 from . import one_read_prep
@@ -22,6 +24,7 @@ from .sequence_stats import SequenceStats, StatsNeed, sequence_stats
 COL_MODES = {Granularity.TILE: 0, Granularity.CHANNEL: 1, Granularity.HEAD: 2}
 
 
+@functools.lru_cache(maxsize=256)  # (per recipe and role: a few entries; a call's host time, not a tensor)
 def copies_for(role: str, config: FP8AttentionConfig, *, row: bool, col: bool) -> Copies:
     """The copies of operand ``role`` ("q", "k", "v" or "do") to emit (``row`` / ``col``)."""
     fmt = {"q": config.q_format, "k": config.k_format, "v": config.v_format, "do": config.do_format}[role]
@@ -52,6 +55,7 @@ def backward_q_copies(config: FP8AttentionConfig) -> Copies:
     return copies_for("q", config, row=True, col=True)
 
 
+@functools.lru_cache(maxsize=256)
 def operand_needs(copies: tuple[Copies, ...], also: tuple[Copies, ...] | None = None) -> tuple[StatsNeed | None, ...]:
     """Per operand the statistics its ``copies`` (and its ``also`` copies, see :func:`stats_for`)
     need, or None where they need none."""
@@ -62,12 +66,12 @@ def operand_needs(copies: tuple[Copies, ...], also: tuple[Copies, ...] | None = 
 
 def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen: int | None = None,
               also: tuple[Copies, ...] | None = None) -> tuple[SequenceStats | None, ...]:
-    """Per operand of ``xs`` (one or two tensors of one shape, as :func:`.quantize.quantize_operands`
-    takes them) its :class:`SequenceStats` when its ``copies`` need them, else None; the operands
-    that need them share one pair of launches. ``cu_seqlens`` (int32) and ``max_seqlen``: the token
-    axis of a packed batch. ``also``: per operand more copies whose statistics to compute in the
-    same launches (the backward's, for the forward to hand over); each statistic comes out the same
-    whichever others are computed beside it."""
+    """Per operand of ``xs`` (one to three tensors ``(B, H, S, D)`` sharing B, S, D and dtype, as
+    :func:`.sequence_stats.sequence_stats` takes them) its :class:`SequenceStats` when its
+    ``copies`` need them, else None; the operands that need them share one launch. ``cu_seqlens``
+    (int32) and ``max_seqlen``: the token axis of a packed batch. ``also``: per operand more copies
+    whose statistics to compute in the same launch (the backward's, for the forward to hand over);
+    each statistic comes out the same whichever others are computed beside it."""
     needs = operand_needs(copies, also)
     needed = [i for i, n in enumerate(needs) if n is not None]
     out: list[SequenceStats | None] = [None] * len(xs)
@@ -80,21 +84,35 @@ def stats_for(xs: tuple, copies: tuple[Copies, ...], cu_seqlens=None, max_seqlen
 
 
 def stats_then_copies(xs: tuple, copies: tuple[Copies, ...], *, block: int, pow2: bool = False, cu_seqlens=None,
-                      max_seqlen: int | None = None, also: tuple[Copies, ...] | None = None):
+                      max_seqlen: int | None = None, also: tuple[Copies, ...] | None = None,
+                      beside: tuple | None = None):
     """``stats_for(xs, copies, cu_seqlens, max_seqlen, also)``, then the copies of
     :func:`.quantize.quantize_operands` from those statistics (``block``, ``pow2``: its arguments).
     Returns ``(stats, copies)`` as the two give them, the same bits either way; in one launch that
     reads each input from HBM once where :func:`.one_read_prep.one_read_reason` allows (a packed
-    batch needs ``max_seqlen`` for that)."""
+    batch needs ``max_seqlen`` for that).
+
+    ``beside``: ``(x, copies, also)`` of one more operand on the same token axis (its own head count
+    allowed: the forward's Q beside K and V) whose statistics alone are wanted; they come last in
+    ``stats``, computed in the statistics launch of ``xs`` (in one of their own where the one-read
+    launch runs), the same bits either way."""
     max_len = xs[0].shape[2] if cu_seqlens is None else max_seqlen
+    extra = () if beside is None else (beside[0], )
     if one_read_prep.ONE_READ and max_len is not None:  # (its switch first: host time when off)
         needs = operand_needs(copies, also)
         if one_read_prep.one_read_reason(xs, needs, block, int(max_len)) is None:
-            return one_read_prep.one_read_operands(xs, copies, needs, block=block, pow2=pow2, cu_seqlens=cu_seqlens,
-                                                   max_seqlen=max_seqlen)
-    stats = stats_for(xs, copies, cu_seqlens, max_seqlen, also=also)
-    return stats, quantize_operands(xs, copies, block=block, pow2=pow2, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                    stats=stats)
+            stats, outs = one_read_prep.one_read_operands(xs, copies, needs, block=block, pow2=pow2,
+                                                          cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+            if beside is not None:
+                stats = (*stats, *stats_for(extra, beside[1:2], cu_seqlens, max_seqlen,
+                                            also=None if beside[2] is None else beside[2:3]))
+            return stats, outs
+    if beside is not None:  # (an operand's own copies as its ``also`` add nothing to its needs)
+        also = (*(also or copies), beside[2] or beside[1])
+        copies = (*copies, beside[1])
+    stats = stats_for((*xs, *extra), copies, cu_seqlens, max_seqlen, also=also)
+    return stats, quantize_operands(xs, copies[:len(xs)], block=block, pow2=pow2, cu_seqlens=cu_seqlens,
+                                    max_seqlen=max_seqlen, stats=stats[:len(xs)])
 
 
 def logit_factor(config: FP8AttentionConfig, head_dim: int) -> float:

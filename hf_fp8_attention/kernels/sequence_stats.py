@@ -1,4 +1,4 @@
-"""Per-(sequence, head) statistics of one or two attention operands, for the recipe's
+"""Per-(sequence, head) statistics of one to three attention operands, for the recipe's
 sequence-wide scales and the QKᵀ transforms (docs/design.md, "Recipes").
 
 For ``x (B, H, S, D)`` (varlen: ``B == 1`` and cu_seqlens delimit the sequences) one launch (two
@@ -18,8 +18,8 @@ rotated rows, amax and sum of the raw rows; with :data:`TRANSPOSED_ROTATION` the
 rows, whose mean is then the shift as it stands); each program then counts its chunk done on an atomic
 counter per (sequence, head, operand), and the program that counts last folds all of the sequence's
 chunks in order (:func:`_fold_sequence`). With :data:`FOLD_IN_PARTIALS` off a second launch,
-:func:`_finish_kernel`, folds instead. Two operands of one shape share the launches (grid axis 2),
-as in the quantization kernel. Either way the fold's order is fixed, so the statistics,
+:func:`_finish_kernel`, folds instead. Up to three operands share the launches (grid axis 2, as in
+the quantization kernel), each with its own head count: the forward's Q beside K and V. Either way the fold's order is fixed, so the statistics,
 and so the codes, are the same on every call (the backward re-quantizes Q and K exactly as the
 forward did). Statistics nobody asked for are not computed (their vectors hold the reduction's
 identity, and the outputs built from them are meaningless).
@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .quantize import (
-    COMPILE_OPTIONS, abs_max, check_operand_pair, dot_dtype, interpreting, load_hadamard, max_nan, min_nan,
+    COMPILE_OPTIONS, abs_max, dot_dtype, interpreting, load_hadamard, max_nan, min_nan,
     padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand, scratch_empty,
 )
 from .launch import launch as launch_kernel
@@ -227,54 +227,79 @@ def _partials_tile(x_base, sxs, sxd, h_ptr, out, start, length, chunk, D,
 
 @triton.jit
 def _partials_kernel(
-    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr,
-    part_ptr,  # (2, n_slots, B·H, 4, BLOCK_D) fp32
-    cu_ptr, chunk_off_ptr, H, S, D, N_BH, N_SLOTS,
-    count_ptr, x_out_ptr, y_out_ptr, N_SH,  # FOLD: counters (2, N_SH) int32 zeros; outputs as in _finish_kernel
+    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr,
+    part_ptr,  # per operand (n_slots, N_BATCH · its heads, 4, BLOCK_D) fp32, back to back
+    cu_ptr, chunk_off_ptr, HX, HY, HZ, S, D, N_BATCH, N_SEQ, N_SLOTS,
+    count_ptr, x_out_ptr, y_out_ptr, z_out_ptr,  # FOLD: counters, N_SEQ · (HX + HY + HZ) int32 zeros; outputs
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
-    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
-    FOLD_LOADS: tl.constexpr, x_desc=None, y_desc=None, TMA: tl.constexpr = False,
+    Z_ROTATE: tl.constexpr, Z_EXT: tl.constexpr, Z_SUM: tl.constexpr, Z_AMAX: tl.constexpr,
+    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, Z_MEAN_ROTATE: tl.constexpr,
+    MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr, Z_OP: tl.constexpr,
+    x_desc=None, y_desc=None, z_desc=None, TMA: tl.constexpr = False,
 ):
-    """One program per (chunk of CHUNK tokens of one sequence, batch·head, operand X or Y): see
-    :func:`chunk_partials`."""
-    chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
-                   tl.program_id(0), tl.program_id(1), tl.program_id(2), H, S, D, N_BH, N_SLOTS,
-                   count_ptr, x_out_ptr, y_out_ptr, N_SH, CHUNK, SUB, BLOCK_D, IS_VARLEN, DOT_DTYPE, ELEMENTWISE,
-                   STAGES, TRANSPOSED, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM, Y_AMAX, FOLD,
-                   X_MEAN_ROTATE, Y_MEAN_ROTATE, MEAN_COLS, FOLD_LOADS, False, x_desc, y_desc, TMA)
+    """One program per (chunk of CHUNK tokens of one sequence, sequence·head row, operand X, Y or Z):
+    see :func:`chunk_partials`."""
+    chunk_partials(x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr, part_ptr,
+                   cu_ptr, chunk_off_ptr, tl.program_id(0), tl.program_id(1), tl.program_id(2), HX, HY, HZ, S, D,
+                   N_BATCH, N_SEQ, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr, z_out_ptr, CHUNK, SUB, BLOCK_D, IS_VARLEN,
+                   DOT_DTYPE, ELEMENTWISE, STAGES, TRANSPOSED, X_ROTATE, X_EXT, X_SUM, X_AMAX, Y_ROTATE, Y_EXT, Y_SUM,
+                   Y_AMAX, Z_ROTATE, Z_EXT, Z_SUM, Z_AMAX, FOLD, X_MEAN_ROTATE, Y_MEAN_ROTATE, Z_MEAN_ROTATE,
+                   MEAN_COLS, FOLD_LOADS, False, Z_OP, x_desc, y_desc, z_desc, TMA)
+
+
+@triton.jit
+def operand_heads(op, HX, HY, HZ):
+    """``(heads, before)`` of operand ``op`` (0, 1, 2: X, Y, Z): its head count, and the head counts
+    of the operands before it summed (where its partials, counters and rows start)."""
+    heads = tl.where(op == 0, HX, tl.where(op == 1, HY, HZ))
+    before = tl.where(op > 0, HX, 0) + tl.where(op > 1, HY, 0)
+    return heads, before
 
 
 @triton.jit
 def chunk_partials(
-    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, h_ptr, part_ptr, cu_ptr, chunk_off_ptr,
-    chunk, bh, op, H, S, D, N_BH, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr, N_SH,
+    x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr, part_ptr, cu_ptr,
+    chunk_off_ptr, chunk, bh, op, HX, HY, HZ, S, D, N_BATCH, N_SEQ, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr,
+    z_out_ptr,
     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ELEMENTWISE: tl.constexpr, STAGES: tl.constexpr, TRANSPOSED: tl.constexpr,
     X_ROTATE: tl.constexpr, X_EXT: tl.constexpr, X_SUM: tl.constexpr, X_AMAX: tl.constexpr,
     Y_ROTATE: tl.constexpr, Y_EXT: tl.constexpr, Y_SUM: tl.constexpr, Y_AMAX: tl.constexpr,
-    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, MEAN_COLS: tl.constexpr,
-    FOLD_LOADS: tl.constexpr, PUBLISH: tl.constexpr, x_desc=None, y_desc=None, TMA: tl.constexpr = False,
+    Z_ROTATE: tl.constexpr, Z_EXT: tl.constexpr, Z_SUM: tl.constexpr, Z_AMAX: tl.constexpr,
+    FOLD: tl.constexpr, X_MEAN_ROTATE: tl.constexpr, Y_MEAN_ROTATE: tl.constexpr, Z_MEAN_ROTATE: tl.constexpr,
+    MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr, PUBLISH: tl.constexpr, Z_OP: tl.constexpr,
+    x_desc=None, y_desc=None, z_desc=None, TMA: tl.constexpr = False,
 ):
     # (SUM is also "a shift will be subtracted": the shift is the mean, see _finish_write.)
-    """The partials of chunk ``chunk`` of (sequence·head ``bh``, operand ``op``: X or Y). FOLD: the
-    program that completes a sequence's chunks also folds them (module docstring); the MEAN flags
-    are :func:`_finish_kernel`'s ROTATE and its COLS. PUBLISH (with FOLD): after its fold that
-    program counts once more, so the counter reads ``cdiv(length, CHUNK) + 1`` once the
-    statistics are written (:func:`wait_for_statistics`). TMA: the slices through ``x_desc`` /
-    ``y_desc`` (:func:`_partials_tile`). Returns the sequence's length."""
-    b = bh // H
-    h = bh % H
+    """The partials of chunk ``chunk`` of (sequence·head ``bh``, operand ``op``: X, Y or, Z_OP, Z).
+    Each operand has its own head count (HX, HY, HZ; the grid's rows span the largest, and a program
+    past its operand's rows does nothing). FOLD: the program that completes a sequence's chunks also
+    folds them (module docstring); the MEAN flags are :func:`_finish_kernel`'s ROTATE and its COLS.
+    PUBLISH (with FOLD): after its fold that program counts once more, so the counter reads
+    ``cdiv(length, CHUNK) + 1`` once the statistics are written (:func:`wait_for_statistics`). TMA:
+    the slices through ``x_desc`` / ``y_desc`` / ``z_desc`` (:func:`_partials_tile`). Returns the
+    sequence's length (0 past the operand's rows)."""
+    heads, before = operand_heads(op, HX, HY, HZ)
+    active = bh < N_SEQ * heads
+    b = tl.minimum(bh // heads, N_SEQ - 1)  # (in range for the loads of a program past the rows)
+    h = bh % heads
     start, length, slot, bb = block_of_sequence(b, chunk, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
+    length = tl.where(active, length, 0)
     if chunk * CHUNK < length:
         row = bb.to(tl.int64)
-        out = part_ptr + ((op * N_SLOTS + slot).to(tl.int64) * N_BH + row * H + h) * 4 * BLOCK_D
+        region = (N_SLOTS * N_BATCH * before).to(tl.int64)
+        out = part_ptr + (region + slot.to(tl.int64) * (N_BATCH * heads) + row * heads + h) * 4 * BLOCK_D
         if op == 0:
             _partials_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
                            BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
                            TRANSPOSED, x_desc, bb, h, TMA, IS_VARLEN)
+        elif Z_OP and op == 2:
+            _partials_tile(z_ptr + row * szb + h * szh, szs, szd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
+                           BLOCK_D, Z_ROTATE, Z_EXT, Z_SUM, Z_SUM, Z_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
+                           TRANSPOSED, z_desc, bb, h, TMA, IS_VARLEN)
         else:
             _partials_tile(y_ptr + row * syb + h * syh, sys_, syd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
                            BLOCK_D, Y_ROTATE, Y_EXT, Y_SUM, Y_SUM, Y_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
@@ -284,18 +309,20 @@ def chunk_partials(
             # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
             # counts last, which folds them.
             tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="acq_rel", scope="gpu")
+            counter = count_ptr + N_SEQ * before + bh
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == tl.cdiv(length, CHUNK) - 1:
-                _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot - chunk, row, H, N_BH,
-                               N_SLOTS, N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS,
-                               FOLD_LOADS)
+                _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, b, h, length, slot - chunk, row,
+                               heads, before, N_BATCH, N_SEQ, N_SLOTS, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM,
+                               Y_MEAN_ROTATE, Y_SUM, Z_MEAN_ROTATE, Z_SUM, MEAN_COLS, FOLD_LOADS, Z_OP)
                 if PUBLISH:  # every thread's statistics stored, then released
                     tl.debug_barrier()
-                    tl.atomic_add(count_ptr + op * N_SH + bh, 1, sem="release", scope="gpu")
+                    tl.atomic_add(counter, 1, sem="release", scope="gpu")
     elif FOLD:
-        if chunk == 0:  # an empty sequence: no chunk to wait for, its statistics are zeros
-            _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, b, h, length, slot, bb, H, N_BH, N_SLOTS,
-                           N_SH, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM, MEAN_COLS, FOLD_LOADS)
+        if (chunk == 0) & active:  # an empty sequence: no chunk to wait for, its statistics are zeros
+            _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, b, h, length, slot, bb, heads, before,
+                           N_BATCH, N_SEQ, N_SLOTS, CHUNK, BLOCK_D, X_MEAN_ROTATE, X_SUM, Y_MEAN_ROTATE, Y_SUM,
+                           Z_MEAN_ROTATE, Z_SUM, MEAN_COLS, FOLD_LOADS, Z_OP)
     return length
 
 
@@ -312,33 +339,40 @@ def wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK: tl.constexpr):
 
 @triton.jit
 def _finish_kernel(
-    part_ptr, h_ptr, x_out_ptr, y_out_ptr,  # out: shift (N_SH, BLOCK_D), col_amax (N_SH, BLOCK_D), row_amax (N_SH,)
-    cu_ptr, chunk_off_ptr, H, S, N_BH, N_SLOTS, N_SH,
+    part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr,  # out per operand: shift (its N_SH, BLOCK_D), col_amax, row_amax
+    cu_ptr, chunk_off_ptr, HX, HY, HZ, S, N_BATCH, N_SEQ, N_SLOTS,
     CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, IS_VARLEN: tl.constexpr,
     X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr, Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr,
-    MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr,
+    Z_ROTATE: tl.constexpr, Z_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr,
+    Z_OP: tl.constexpr,
 ):
-    """One program per (sequence, head, operand): fold the sequence's chunks in order and write its
-    statistics (module docstring). An empty sequence gets zeros."""
+    """One program per (sequence, head, operand), the heads spanning the largest operand's: fold the
+    sequence's chunks in order and write its statistics (module docstring). An empty sequence gets
+    zeros."""
     seq = tl.program_id(0)
     h = tl.program_id(1)
     op = tl.program_id(2)
-    _, length, slot0, bb = block_of_sequence(seq, 0, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
-    _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
-                   CHUNK, BLOCK_D, X_ROTATE, X_SMOOTH, Y_ROTATE, Y_SMOOTH, MEAN_COLS, FOLD_LOADS)
+    heads, before = operand_heads(op, HX, HY, HZ)
+    if h < heads:
+        _, length, slot0, bb = block_of_sequence(seq, 0, cu_ptr, chunk_off_ptr, S, IS_VARLEN)
+        _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, seq, h, length, slot0, bb, heads,
+                       before, N_BATCH, N_SEQ, N_SLOTS, CHUNK, BLOCK_D, X_ROTATE, X_SMOOTH, Y_ROTATE, Y_SMOOTH,
+                       Z_ROTATE, Z_SMOOTH, MEAN_COLS, FOLD_LOADS, Z_OP)
 
 
 @triton.jit
-def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, slot0, bb, H, N_BH, N_SLOTS, N_SH,
-                   CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, X_ROTATE: tl.constexpr, X_SMOOTH: tl.constexpr,
-                   Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr,
-                   FOLD_LOADS: tl.constexpr):
-    """Fold the partials of (sequence ``seq``, head ``h``, operand ``op``), chunks in order from
-    slot ``slot0`` of batch row ``bb``, FOLD_LOADS chunks' loads at a time, and write its
-    statistics. Loads bypass L1 (``.cg``): in the partials launch other programs wrote them. A
-    chunk past the sequence adds the reductions' identities: the sum is never −0 (it starts at +0),
-    so adding +0 leaves its bits as they are."""
-    bh = bb * H + h
+def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, seq, h, length, slot0, bb, heads, before,
+                   N_BATCH, N_SEQ, N_SLOTS, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, X_ROTATE: tl.constexpr,
+                   X_SMOOTH: tl.constexpr, Y_ROTATE: tl.constexpr, Y_SMOOTH: tl.constexpr, Z_ROTATE: tl.constexpr,
+                   Z_SMOOTH: tl.constexpr, MEAN_COLS: tl.constexpr, FOLD_LOADS: tl.constexpr, Z_OP: tl.constexpr):
+    """Fold the partials of (sequence ``seq``, head ``h`` of ``heads``, operand ``op``, whose partials
+    start after the ``before`` heads of the operands ahead of it), chunks in order from slot
+    ``slot0`` of batch row ``bb``, FOLD_LOADS chunks' loads at a time, and write its statistics.
+    Loads bypass L1 (``.cg``): in the partials launch other programs wrote them. A chunk past the
+    sequence adds the reductions' identities: the sum is never −0 (it starts at +0), so adding +0
+    leaves its bits as they are."""
+    row = (bb * heads + h).to(tl.int64)
+    region = (N_SLOTS * N_BATCH * before).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
     lo = tl.full([BLOCK_D], float("inf"), tl.float32)
@@ -349,16 +383,19 @@ def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, op, seq, h, length, sl
         for i in tl.static_range(FOLD_LOADS):  # chunks past the sequence load the reductions' identities
             c = c0 + i
             ok = c * BLOCK_D + offs_d < n_chunks * BLOCK_D  # c < n_chunks as a vector (as the interpreter needs)
-            base = part_ptr + (((op * N_SLOTS + slot0 + c).to(tl.int64)) * N_BH + bh) * 4 * BLOCK_D + offs_d
+            base = part_ptr + (region + (slot0 + c).to(tl.int64) * (N_BATCH * heads) + row) * 4 * BLOCK_D + offs_d
             hi = max_nan(hi, tl.load(base, mask=ok, other=float("-inf"), cache_modifier=".cg"))
             lo = min_nan(lo, tl.load(base + BLOCK_D, mask=ok, other=float("inf"), cache_modifier=".cg"))
             amax = max_nan(amax, tl.load(base + 2 * BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg"))
             total += tl.load(base + 3 * BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg")
-    sh = (seq * H + h).to(tl.int64)
+    sh = (seq * heads + h).to(tl.int64)
+    n_sh = N_SEQ * heads
     if op == 0:
-        _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, N_SH, BLOCK_D, X_ROTATE, X_SMOOTH, MEAN_COLS)
+        _finish_write(hi, lo, amax, total, length, h_ptr, x_out_ptr, sh, n_sh, BLOCK_D, X_ROTATE, X_SMOOTH, MEAN_COLS)
+    elif Z_OP and op == 2:
+        _finish_write(hi, lo, amax, total, length, h_ptr, z_out_ptr, sh, n_sh, BLOCK_D, Z_ROTATE, Z_SMOOTH, MEAN_COLS)
     else:
-        _finish_write(hi, lo, amax, total, length, h_ptr, y_out_ptr, sh, N_SH, BLOCK_D, Y_ROTATE, Y_SMOOTH, MEAN_COLS)
+        _finish_write(hi, lo, amax, total, length, h_ptr, y_out_ptr, sh, n_sh, BLOCK_D, Y_ROTATE, Y_SMOOTH, MEAN_COLS)
 
 
 @triton.jit
@@ -414,21 +451,44 @@ class SequenceStats(NamedTuple):
 
 
 class StatsLaunch(NamedTuple):
-    """A partials launch over one or two operands, as :func:`stats_launch` sets it up: ``args``, the
-    partials kernel's arguments before its counters, ``outs`` those after them; ``meta`` its
-    constexprs (FOLD aside) and launch options; ``results`` the views its fold writes; ``grid``
-    (chunks per sequence·head row, rows, operands); ``finish_args``, :func:`_finish_kernel`'s
-    arguments before its constexprs; ``tma_stages``, the pipeline's stages with TMA loads."""
+    """A partials launch over one to three operands, as :func:`stats_launch` sets it up: ``args``,
+    the partials kernel's arguments before its counters, ``outs`` those after them (one output
+    buffer per operand X, Y, Z); ``meta`` its constexprs (FOLD aside) and launch options;
+    ``results`` the views its fold writes; ``grid`` (chunks per sequence·head row, rows of the
+    operand with the most heads, operands); ``counters``, how many counters the fold needs (one per
+    operand, sequence and head); ``finish_args``, :func:`_finish_kernel`'s arguments before its
+    constexprs; ``tma_stages``, the pipeline's stages with TMA loads."""
 
     args: tuple
     outs: tuple
     meta: dict
     results: tuple[SequenceStats, ...]
     grid: tuple[int, int, int]
-    n_sh: int
+    counters: int
     max_len: int
     finish_args: tuple
     tma_stages: int | None = None
+
+
+def check_stats_operands(xs: tuple[torch.Tensor, ...], needs: tuple) -> None:
+    """One statistics launch takes one to three tensors ``(B, H, S, D)`` that share B, S, D and dtype
+    (their head counts may differ: Q beside K and V), one :class:`StatsNeed` each; raise a
+    ValueError naming what differs otherwise."""
+    if not 1 <= len(xs) <= 3 or len(needs) != len(xs):
+        raise ValueError(f"sequence_stats: one to three tensors, one StatsNeed each; got {len(xs)} and {len(needs)}")
+    b, _, s, d = xs[0].shape
+    for x in xs[1:]:
+        if (x.shape[0], x.shape[2], x.shape[3]) != (b, s, d) or x.dtype != xs[0].dtype:
+            raise ValueError(f"sequence_stats: tensors of one launch must share batch, length, head dim and dtype, got "
+                             f"{tuple(xs[0].shape)} {xs[0].dtype} and {tuple(x.shape)} {x.dtype}")
+
+
+def _stats_views(out: torch.Tensor, n_seq: int, heads: int, dp: int) -> SequenceStats:
+    """The :class:`SequenceStats` views of one operand's output buffer, which holds shift, col_amax
+    and row_amax back to back."""
+    n_sh = n_seq * heads
+    shift, col_amax, row_amax = out.split((n_sh * dp, n_sh * dp, n_sh))
+    return SequenceStats(shift.view(n_seq, heads, dp), row_amax.view(n_seq, heads), col_amax.view(n_seq, heads, dp))
 
 
 def stats_launch(
@@ -440,9 +500,10 @@ def stats_launch(
     """The partials launch of :func:`sequence_stats` for ``xs`` and ``needs`` (see there), its
     buffers allocated (one partials buffer; per operand one output buffer, its three statistics
     back to back)."""
-    check_operand_pair("sequence_stats", xs, needs, "StatsNeed")
+    check_stats_operands(xs, needs)
     x = xs[0]
-    bsz, heads, seq, d = x.shape
+    bsz, _, seq, d = x.shape
+    heads = [t.shape[1] for t in xs]
     dp = padded_head_dim(d)
     varlen = cu_seqlens is not None
     dev = x.device
@@ -459,18 +520,17 @@ def stats_launch(
     n_slots = max(n_slots, 1)
     rotated_rows = any(n.rotate and n.row_amax for n in needs)  # the first launch rotates rows
     h = rotation_operand(x) if any(n.rotate for n in needs) else x
-    part = torch.empty(len(xs), n_slots, bsz * heads, 4, dp, dtype=torch.float32, device=dev)
-    n_sh = n_seq * heads
+    part = torch.empty(n_slots * bsz * sum(heads) * 4 * dp, dtype=torch.float32, device=dev)
     # One buffer per operand: shift, col_amax, row_amax back to back (contiguous views).
     alloc = scratch_empty()
-    outs = [alloc((n_sh * (2 * dp + 1),), dtype=torch.float32, device=dev) for _ in xs]
-    results = tuple(SequenceStats(o[:n_sh * dp].view(n_seq, heads, dp), o[2 * n_sh * dp:].view(n_seq, heads),
-                                  o[n_sh * dp:2 * n_sh * dp].view(n_seq, heads, dp)) for o in outs)
+    outs = [alloc((n_seq * hx * (2 * dp + 1),), dtype=torch.float32, device=dev) for hx in heads]
+    results = tuple(_stats_views(o, n_seq, hx, dp) for o, hx in zip(outs, heads))
     cu = cu_seqlens if varlen else x
-    y = xs[-1]
-    ny = needs[-1] if len(xs) == 2 else StatsNeed()
+    padded = tuple(xs) + (x,) * (3 - len(xs))  # operands past the last: never read
+    padded_needs = tuple(needs) + (StatsNeed(),) * (3 - len(xs))
+    padded_heads = heads + [heads[0]] * (3 - len(xs))
     flags = {}
-    for prefix, n in (("X", needs[0]), ("Y", ny)):
+    for prefix, n in zip(("X", "Y", "Z"), padded_needs):
         ext = n.row_amax
         flags.update({f"{prefix}_ROTATE": n.rotate and ext, f"{prefix}_EXT": ext, f"{prefix}_SUM": n.smooth,
                       f"{prefix}_AMAX": n.col_amax})
@@ -483,7 +543,8 @@ def stats_launch(
     elementwise = rotated_rows and rotated_launch.get("elementwise", False) and (
         rotated_launch.get("elementwise_smoothed", False) or not any(n.smooth for n in needs))
     # Rotated partials as Hᵀxᵀ sum the rotated rows: the fold then takes their mean as the shift as it is.
-    mean_rotate = [n.rotate and not (transposed and flags[f"{p}_ROTATE"]) for p, n in (("X", needs[0]), ("Y", ny))]
+    mean_rotate = {f"{p}_MEAN_ROTATE": n.rotate and not (transposed and flags[f"{p}_ROTATE"])
+                   for p, n in zip(("X", "Y", "Z"), padded_needs)}
     if rotated_rows:
         sub, warps = rotated_launch["sub"], rotated_launch["num_warps"]
         stages, maxnreg = rotated_launch.get("stages"), rotated_launch.get("maxnreg")
@@ -493,14 +554,16 @@ def stats_launch(
         stages = maxnreg = None
         tma_stages = PLAIN_TMA_STAGES
     meta = dict(CHUNK=CHUNK, SUB=sub, BLOCK_D=dp, IS_VARLEN=varlen, DOT_DTYPE=dot_dtype(x), ELEMENTWISE=elementwise,
-                STAGES=stages, TRANSPOSED=transposed, **flags, X_MEAN_ROTATE=mean_rotate[0],
-                Y_MEAN_ROTATE=mean_rotate[1], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS,
-                num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS)
-    args = (x, *x.stride(), y, *y.stride(), h, part, cu, chunk_off, heads, seq, d, bsz * heads, n_slots)
+                STAGES=stages, TRANSPOSED=transposed, **flags, **mean_rotate, MEAN_COLS=MEAN_COLS,
+                FOLD_LOADS=FOLD_LOADS, Z_OP=len(xs) == 3, num_warps=warps, maxnreg=maxnreg, **COMPILE_OPTIONS)
+    strided = tuple(a for t in padded for a in (t, *t.stride()))
+    sizes = (*padded_heads, seq, d, bsz, n_seq, n_slots)
+    args = (*strided, h, part, cu, chunk_off, *sizes)
+    padded_outs = tuple(outs) + (outs[0],) * (3 - len(xs))
     # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
-    grid = (max(cdiv(max_len, CHUNK), 1), n_seq * heads, len(xs))
-    finish_args = (part, h, outs[0], outs[-1], cu, chunk_off, heads, seq, bsz * heads, n_slots, n_sh)
-    return StatsLaunch(args, (outs[0], outs[-1], n_sh), meta, results, grid, n_sh, max_len, finish_args,
+    grid = (max(cdiv(max_len, CHUNK), 1), n_seq * max(heads), len(xs))
+    finish_args = (part, h, *padded_outs, cu, chunk_off, *padded_heads, seq, bsz, n_seq, n_slots)
+    return StatsLaunch(args, padded_outs, meta, results, grid, n_seq * sum(heads), max_len, finish_args,
                        tma_stages)
 
 
@@ -526,29 +589,29 @@ def sequence_stats(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> tuple[SequenceStats, ...]:
-    """:class:`SequenceStats` of one or two tensors ``(B, H, S, D)`` of one shape (any strides;
-    varlen: ``B == 1`` and int32 ``cu_seqlens (n_seq + 1,)`` with ``max_seqlen`` its longest
-    sequence), one :class:`StatsNeed` each, in one launch for both (two with
-    :data:`FOLD_IN_PARTIALS` off). Fields not asked for hold meaningless values."""
+    """:class:`SequenceStats` of one to three tensors ``(B, H, S, D)`` that share B, S, D and dtype
+    (any strides, any head counts; varlen: ``B == 1`` and int32 ``cu_seqlens (n_seq + 1,)`` with
+    ``max_seqlen`` its longest sequence), one :class:`StatsNeed` each, in one launch for all (two
+    with :data:`FOLD_IN_PARTIALS` off). Fields not asked for hold meaningless values."""
     st = stats_launch(xs, needs, cu_seqlens, max_seqlen)
-    if st.n_sh == 0:
+    if st.counters == 0:
         return st.results
     fold = FOLD_IN_PARTIALS
     x = xs[0]
     if fold or st.max_len > 0:
-        counts = torch.zeros(len(xs), st.n_sh, dtype=torch.int32, device=x.device) if fold else x
+        counts = torch.zeros(st.counters, dtype=torch.int32, device=x.device) if fold else x
         descs = tma_descriptors(xs, st.meta["SUB"], st.meta["BLOCK_D"])
         meta = st.meta if descs is None else {**st.meta, "STAGES": st.tma_stages}
-        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold,
-                      x_desc=descs[0] if descs else None, y_desc=descs[-1] if descs else None, TMA=descs is not None,
-                      **meta)
+        descs = (descs + (descs[0],) * (3 - len(descs))) if descs else (None, None, None)
+        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, x_desc=descs[0],
+                      y_desc=descs[1], z_desc=descs[2], TMA=descs[0] is not None, **meta)
     if not fold:
-        ny = needs[-1] if len(xs) == 2 else StatsNeed()
-        heads = x.shape[1]
+        m = st.meta
         launch_kernel(
-            _finish_kernel, (st.grid[1] // heads, heads, len(xs)), *st.finish_args,
-            CHUNK=CHUNK, BLOCK_D=st.meta["BLOCK_D"], IS_VARLEN=st.meta["IS_VARLEN"], X_ROTATE=st.meta["X_MEAN_ROTATE"],
-            X_SMOOTH=needs[0].smooth, Y_ROTATE=st.meta["Y_MEAN_ROTATE"], Y_SMOOTH=ny.smooth, MEAN_COLS=MEAN_COLS,
-            FOLD_LOADS=FOLD_LOADS, num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
+            _finish_kernel, (st.grid[1] // max(t.shape[1] for t in xs), max(t.shape[1] for t in xs), len(xs)),
+            *st.finish_args, CHUNK=CHUNK, BLOCK_D=m["BLOCK_D"], IS_VARLEN=m["IS_VARLEN"],
+            X_ROTATE=m["X_MEAN_ROTATE"], X_SMOOTH=m["X_SUM"], Y_ROTATE=m["Y_MEAN_ROTATE"], Y_SMOOTH=m["Y_SUM"],
+            Z_ROTATE=m["Z_MEAN_ROTATE"], Z_SMOOTH=m["Z_SUM"], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS, Z_OP=m["Z_OP"],
+            num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
         )
     return st.results

@@ -67,3 +67,25 @@ def test_inputs_tma_cannot_address_load_by_pointer(monkeypatch):
     assert stats_module.tma_descriptors((wide,), 16, 512) is None
     st = stats_module.sequence_stats((odd,), (StatsNeed(row_amax=True, col_amax=True),))
     assert torch.equal(st[0].col_amax[..., :7], odd.float().abs().amax(2))
+
+
+# Q (16 heads, token-major as an attention layer makes it) beside K and V (8 heads) in one launch, as the
+# forward runs it (kernels.forward.Q_STATS_BESIDE_KV): the same bits as the K/V launch and Q's own,
+# with TMA loads and with pointer loads, dense and packed.
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointer"])
+@pytest.mark.parametrize("cu", [None, [0, 1, 257, 257, 3001, 5000]], ids=["dense", "packed"])
+def test_q_beside_kv_gives_the_bits_of_their_own_launches(tma, cu, monkeypatch):
+    monkeypatch.setattr(stats_module, "TMA_LOADS", tma)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    b = 2 if cu is None else 1
+    k, v = _input(b, 8, 5000, 128, torch.bfloat16, False, gen), _input(b, 8, 5000, 128, torch.bfloat16, False, gen)
+    q = _input(b, 16, 5000, 128, torch.bfloat16, True, gen)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
+    nk, nv = PAIRS["kv"]
+    nq = PAIRS["q_do_fast"][0]
+    together = [t.clone() for st in stats_module.sequence_stats((k, v, q), (nk, nv, nq), cu_seqlens=cu_t) for t in st]
+    apart = [t.clone() for st in (*stats_module.sequence_stats((k, v), (nk, nv), cu_seqlens=cu_t),
+                                  *stats_module.sequence_stats((q,), (nq,), cu_seqlens=cu_t)) for t in st]
+    for want, have in zip(apart, together):
+        assert torch.equal(want, have)
+    assert together[-2].shape == (2 if cu is None else 5, 16)  # Q's row amax per (sequence, query head)
