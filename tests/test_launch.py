@@ -148,6 +148,38 @@ def test_direct_launcher_reuses_a_kernel_only_within_its_key(toy_launcher):
     assert (direct.direct, direct.bound) == (1, 6)
 
 
+def _toy_desc(x_ptr, n, BLOCK: tl.constexpr, x_desc=None):
+    pass
+
+
+@pytest.mark.skipif(launch_mod.TensorDescriptor is None, reason="Triton without host-side tensor descriptors")
+def test_runtime_keyword_arguments_are_keyed_like_positional_ones(monkeypatch):
+    """A descriptor passed by keyword (the statistics launch's TMA slices) is keyed by
+    :func:`arg_key`, and each direct call passes its own descriptor, not the first call's."""
+    kernel = JITFunction(_toy_desc)
+    log = []
+
+    def run(*args, grid, warmup, **kwargs):
+        log.append(("bound", grid, args, kwargs))
+        return _FakeCompiled(log)
+
+    monkeypatch.setattr(kernel, "run", run)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    direct = DirectLauncher(kernel)
+    buf = torch.zeros(64, dtype=torch.float32)
+    codes = torch.zeros(256, 128, dtype=torch.float8_e4m3fn)
+    descs = [launch_mod.TensorDescriptor.from_tensor(c, [64, 128]) for c in (codes, codes[128:], codes.clone())]
+    for desc in descs:
+        direct((4,), (buf, 64), dict(BLOCK=16, x_desc=desc))
+    assert [entry[0] for entry in log] == ["bound", "direct", "direct"]
+    assert log[1][2][-1] is descs[1] and log[2][2][-1] is descs[2]  # this call's descriptor
+    direct((4,), (buf, 64), dict(BLOCK=16, x_desc=launch_mod.TensorDescriptor.from_tensor(codes, [32, 128])))
+    direct((4,), (buf, 64), dict(BLOCK=16, x_desc=None))
+    assert [entry[0] for entry in log[3:]] == ["bound", "bound"]  # another block shape; no descriptor
+    direct((4,), (buf, 64), dict(BLOCK=16, x_desc=None))
+    assert log[-1][0] == "direct" and log[-1][2][-1] is None
+
+
 def test_unkeyable_calls_and_hooked_kernels_take_tritons_path(toy_launcher):
     direct, log = toy_launcher
     buf = torch.zeros(64, dtype=torch.float32)

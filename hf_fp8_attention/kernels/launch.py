@@ -8,9 +8,9 @@ launch on the benchmark machine, of which the launcher itself takes 7-27 µs
 (``benchmarks/experiments/launch_probe.py``; ``benchmarks/NOTES.md``, "Host time").
 
 :func:`launch` keys each call by a cheap superset of Triton's specialization (:func:`arg_key`
-per runtime argument, the exact values of the keyword arguments), lets Triton bind, compile and
-launch the first call of each key, and afterwards calls that key's compiled kernel directly with
-the arguments in the kernel's parameter order (``CompiledKernel[grid](*args)``, Triton's own
+per runtime argument, positional or keyword, the exact values of the constexprs and options), lets
+Triton bind, compile and launch the first call of each key, and afterwards calls that key's
+compiled kernel directly with the arguments in the kernel's parameter order (``CompiledKernel[grid](*args)``, Triton's own
 launcher, launch hooks included). Two calls Triton would specialize differently never share a
 key, so a cached kernel is only ever run on arguments it was compiled for
 (``tests/test_launch.py`` checks the superset against Triton's specializer).
@@ -91,6 +91,10 @@ class DirectLauncher:
         params = inspect.signature(kernel.fn).parameters
         self.names = tuple(params)
         self.defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        # Runtime parameters a call may pass by keyword (e.g. TMA descriptors after the constexprs):
+        # keyed by arg_key like positional ones, not by value (a descriptor is unhashable, a tensor
+        # would be keyed by its identity).
+        self.runtime = frozenset(p.name for p in kernel.params if not p.is_constexpr)
         self.compiled: dict[tuple, tuple] = {}
         self.direct = 0
         self.bound = 0
@@ -105,7 +109,9 @@ class DirectLauncher:
         try:
             if getattr(kernel, "pre_run_hooks", None):
                 raise Unkeyable("the kernel has pre-run hooks")
-            key = (torch.cuda.current_device(), tuple(meta.items()), tuple(map(arg_key, args)))
+            runtime = self.runtime
+            meta_key = tuple((k, arg_key(v)) if k in runtime else (k, v) for k, v in meta.items())
+            key = (torch.cuda.current_device(), meta_key, tuple(map(arg_key, args)))
             entry = self.compiled.get(key)  # TypeError: an unhashable keyword value
         except TypeError:  # Unkeyable included
             self.bound += 1
@@ -114,12 +120,15 @@ class DirectLauncher:
         if entry is not None:
             self.direct += 1
             compiled, tail = entry
+            if tail is None:  # runtime values by keyword: this call's, not the first call's
+                tail = self.tail(len(args), meta)
             compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *tail)
             return
         self.bound += 1
         compiled = kernel[grid](*args, **meta)
         if hasattr(compiled, "__getitem__"):  # a Triton whose kernels launch so (3.6-3.9 do)
-            self.compiled[key] = (compiled, self.tail(len(args), meta))
+            keyed_by_value = self.runtime.isdisjoint(meta)  # the tail then holds constexprs and options only
+            self.compiled[key] = (compiled, self.tail(len(args), meta) if keyed_by_value else None)
 
 
 _LAUNCHERS: dict[int, DirectLauncher] = {}
