@@ -484,11 +484,13 @@ def check_stats_operands(xs: tuple[torch.Tensor, ...], needs: tuple) -> None:
 
 
 def _stats_views(out: torch.Tensor, n_seq: int, heads: int, dp: int) -> SequenceStats:
-    """The :class:`SequenceStats` views of one operand's output buffer, which holds shift, col_amax
-    and row_amax back to back."""
+    """The :class:`SequenceStats` views of one operand's output buffer (1-D, contiguous), which holds
+    shift, col_amax and row_amax back to back. (``as_strided`` of the buffer: one operator a view
+    instead of a split and three views, 7 against 14 µs an operand on a 2-core CPU.)"""
     n_sh = n_seq * heads
-    shift, col_amax, row_amax = out.split((n_sh * dp, n_sh * dp, n_sh))
-    return SequenceStats(shift.view(n_seq, heads, dp), row_amax.view(n_seq, heads), col_amax.view(n_seq, heads, dp))
+    vec = ((n_seq, heads, dp), (heads * dp, dp, 1))
+    return SequenceStats(out.as_strided(*vec, 0), out.as_strided((n_seq, heads), (heads, 1), 2 * n_sh * dp),
+                         out.as_strided(*vec, n_sh * dp))
 
 
 def stats_launch(
