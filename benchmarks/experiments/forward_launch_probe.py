@@ -57,9 +57,10 @@ for name in ["fp8_delta_fast", "fp8_delta"]:
     for _ in range(3):
         fp8_attention(q, k, v, causal=True, config=cfg)
     torch.cuda.synchronize()
-    print(f"{name}: fp8_attention forward (autograd, grads wanted) {med(lambda: fp8_attention(q, k, v, causal=True, config=cfg)):.1f} us host")
+    call = lambda: fp8_attention(q, k, v, causal=True, config=cfg)  # noqa: E731
+    print(f"{name}: fp8_attention forward (autograd, grads wanted) {med(call):.1f} us host")
     with torch.no_grad():
-        print(f"{name}: fp8_attention forward (no grad) {med(lambda: fp8_attention(q, k, v, causal=True, config=cfg)):.1f} us host")
+        print(f"{name}: fp8_attention forward (no grad) {med(call):.1f} us host")
     acc = {}
     def wrap(mod, fn):
         f = getattr(mod, fn)
@@ -97,7 +98,8 @@ for kname, (kern, args, grid, kw, compiled) in CAP.items():
     except Exception as e:  # noqa
         line += f"; direct path: {type(e).__name__}: {e}"
     print(line, flush=True)
-descs = [a for a in CAP["_fwd_persistent_kernel"][1] if type(a).__name__ == "TensorDescriptor"] if "_fwd_persistent_kernel" in CAP else []
+persistent = CAP.get("_fwd_persistent_kernel")
+descs = [a for a in persistent[1] if type(a).__name__ == "TensorDescriptor"] if persistent else []
 if descs:
     d = descs[1]
     print(f"Gluon TensorDescriptor(...) {med(lambda: gh.descriptor(d.base, tuple(d.block_shape))):.1f} us each")

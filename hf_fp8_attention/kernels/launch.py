@@ -10,10 +10,10 @@ launch on the benchmark machine, of which the launcher itself takes 7-27 µs
 :func:`launch` keys each call by a cheap superset of Triton's specialization (:func:`arg_key`
 per runtime argument, positional or keyword, the exact values of the constexprs and options), lets
 Triton bind, compile and launch the first call of each key, and afterwards calls that key's
-compiled kernel directly with the arguments in the kernel's parameter order (``CompiledKernel[grid](*args)``, Triton's own
-launcher, launch hooks included). Two calls Triton would specialize differently never share a
-key, so a cached kernel is only ever run on arguments it was compiled for
-(``tests/test_launch.py`` checks the superset against Triton's specializer).
+compiled kernel directly with the arguments in the kernel's parameter order
+(``CompiledKernel[grid](*args)``, Triton's own launcher, launch hooks included). Two calls Triton
+would specialize differently never share a key, so a cached kernel is only ever run on arguments it
+was compiled for (``tests/test_launch.py`` checks the superset against Triton's specializer).
 
 The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1`` or :data:`DIRECT_LAUNCH` (set by a
 process, e.g. a benchmark alternating the two paths step by step) says so (on the H200 it saves 8-12% of

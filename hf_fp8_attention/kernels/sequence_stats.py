@@ -19,10 +19,11 @@ rows, whose mean is then the shift as it stands); each program then counts its c
 counter per (sequence, head, operand), and the program that counts last folds all of the sequence's
 chunks in order (:func:`_fold_sequence`). With :data:`FOLD_IN_PARTIALS` off a second launch,
 :func:`_finish_kernel`, folds instead. Up to three operands share the launches (grid axis 2, as in
-the quantization kernel), each with its own head count: the forward's Q beside K and V. Either way the fold's order is fixed, so the statistics,
-and so the codes, are the same on every call (the backward re-quantizes Q and K exactly as the
-forward did). Statistics nobody asked for are not computed (their vectors hold the reduction's
-identity, and the outputs built from them are meaningless).
+the quantization kernel), each with its own head count: the forward's Q beside K and V. Either way
+the fold's order is fixed, so the statistics, and so the codes, are the same on every call (the
+backward re-quantizes Q and K exactly as the forward did). Statistics nobody asked for are not
+computed (their vectors hold the reduction's identity, and the outputs built from them are
+meaningless).
 """
 from __future__ import annotations
 
@@ -613,7 +614,7 @@ def sequence_stats(
             _finish_kernel, (st.grid[1] // max(t.shape[1] for t in xs), max(t.shape[1] for t in xs), len(xs)),
             *st.finish_args, CHUNK=CHUNK, BLOCK_D=m["BLOCK_D"], IS_VARLEN=m["IS_VARLEN"],
             X_ROTATE=m["X_MEAN_ROTATE"], X_SMOOTH=m["X_SUM"], Y_ROTATE=m["Y_MEAN_ROTATE"], Y_SMOOTH=m["Y_SUM"],
-            Z_ROTATE=m["Z_MEAN_ROTATE"], Z_SMOOTH=m["Z_SUM"], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS, Z_OP=m["Z_OP"],
-            num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
+            Z_ROTATE=m["Z_MEAN_ROTATE"], Z_SMOOTH=m["Z_SUM"], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS,
+            Z_OP=m["Z_OP"], num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
         )
     return st.results
