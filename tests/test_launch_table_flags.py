@@ -153,7 +153,7 @@ def test_schedule_option_token_major_out_sets_the_switch(monkeypatch):
         assert note == f"TOKEN_MAJOR_OUT={bool(value)}"
 
 
-def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches(monkeypatch):
+def test_schedule_options_set_their_switches(monkeypatch):
     pytest.importorskip("triton")
     import argparse
 
@@ -173,22 +173,16 @@ def test_schedule_options_quantize_q_persistent_and_hand_over_set_their_switches
     assert forward_gluon.QUANTIZE_Q is True and forward_gluon.PERSISTENT is True  # left as they were
     assert forward.HAND_OVER_KV_COPIES is True and forward.GLUON_FORWARD == (128, ) and launch.DIRECT_LAUNCH is None
     assert one_read_prep.ONE_READ is False
+    switches = recipe_names._on_off_switches()
+    for _, module, name in switches:  # every switch the loop sets is put back after the test
+        monkeypatch.setattr(module, name, getattr(module, name))
     for value in (0, 1):
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--quantize-q", str(value)]))
-        assert forward_gluon.QUANTIZE_Q is bool(value) and note == f"QUANTIZE_Q={bool(value)}"
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--persistent", str(value)]))
-        assert forward_gluon.PERSISTENT is bool(value) and note == f"PERSISTENT={bool(value)}"
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--hand-over-kv", str(value)]))
-        assert forward.HAND_OVER_KV_COPIES is bool(value) and note == f"HAND_OVER_KV_COPIES={bool(value)}"
+        for flag, module, name in switches:
+            note = recipe_names.apply_schedule_options(parser, parser.parse_args([flag, str(value)]))
+            assert getattr(module, name) is bool(value) and note == f"{name}={bool(value)}", flag
         note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--gluon-forward-d64", str(value)]))
         dims = (64, 128) if value else (128, )
         assert forward.GLUON_FORWARD == dims and note == f"GLUON_FORWARD={dims}"
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--direct-launch", str(value)]))
-        assert launch.DIRECT_LAUNCH is bool(value) and note == f"DIRECT_LAUNCH={bool(value)}"
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--one-read", str(value)]))
-        assert one_read_prep.ONE_READ is bool(value) and note == f"ONE_READ={bool(value)}"
-        note = recipe_names.apply_schedule_options(parser, parser.parse_args(["--q-stats-beside-kv", str(value)]))
-        assert forward.Q_STATS_BESIDE_KV is bool(value) and note == f"Q_STATS_BESIDE_KV={bool(value)}"
 
 
 def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
