@@ -609,10 +609,10 @@ def sequence_stats(
         launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, x_desc=descs[0],
                       y_desc=descs[1], z_desc=descs[2], TMA=descs[0] is not None, **meta)
     if not fold:
-        m = st.meta
+        m, heads = st.meta, max(t.shape[1] for t in xs)
         launch_kernel(
-            _finish_kernel, (st.grid[1] // max(t.shape[1] for t in xs), max(t.shape[1] for t in xs), len(xs)),
-            *st.finish_args, CHUNK=CHUNK, BLOCK_D=m["BLOCK_D"], IS_VARLEN=m["IS_VARLEN"],
+            _finish_kernel, (st.grid[1] // heads, heads, len(xs)), *st.finish_args,
+            CHUNK=CHUNK, BLOCK_D=m["BLOCK_D"], IS_VARLEN=m["IS_VARLEN"],
             X_ROTATE=m["X_MEAN_ROTATE"], X_SMOOTH=m["X_SUM"], Y_ROTATE=m["Y_MEAN_ROTATE"], Y_SMOOTH=m["Y_SUM"],
             Z_ROTATE=m["Z_MEAN_ROTATE"], Z_SMOOTH=m["Z_SUM"], MEAN_COLS=MEAN_COLS, FOLD_LOADS=FOLD_LOADS,
             Z_OP=m["Z_OP"], num_warps=FINISH_WARPS, **COMPILE_OPTIONS,
