@@ -48,6 +48,15 @@ def _sample_arguments() -> list:
         values += [launch_mod.TensorDescriptor.from_tensor(codes, [64, 128]),
                    launch_mod.TensorDescriptor.from_tensor(codes, [32, 128]),
                    launch_mod.TensorDescriptor.from_tensor(codes.view(torch.uint8), [64, 128])]
+    if launch_mod.GluonTensorDescriptor is not None:  # Gluon's descriptors carry their shared-memory layout too
+        from triton.experimental.gluon import language as gl
+        codes = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
+        # (rows of the tensor, rows of the block, swizzle width, dtype of the view)
+        for rows, block, swizzle, dtype in ((128, 64, 128, codes.dtype), (64, 64, 128, codes.dtype),
+                                            (128, 64, 64, codes.dtype), (128, 32, 128, codes.dtype),
+                                            (128, 64, 128, torch.uint8)):
+            layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=8, rank=2)
+            values.append(launch_mod.GluonTensorDescriptor.from_tensor(codes[:rows].view(dtype), [block, 128], layout))
     return values
 
 
@@ -68,29 +77,36 @@ def test_unknown_argument_types_are_not_keyed(value):
         arg_key(value)
 
 
-def _capture_launches(monkeypatch, recipe: str) -> list:
+def _capture_launches(monkeypatch, recipe: str, gluon: bool = False) -> list:
     """(kernel function, args, keyword arguments) of every launch of one fwd+bwd, kernels stubbed
-    (the interpreter's kernels record their call instead of running)."""
+    (the interpreter's kernels record their call instead of running). ``gluon``: the Hopper path,
+    every Gluon kernel taken (they are compiled-mode kernels even under the interpreter) at a shape
+    in their scope, the persistent schedule for 132 SMs."""
     import triton.runtime.interpreter as interpreter
-    from hf_fp8_attention.kernels.quantize import quantize_kernel
+    from hf_fp8_attention.kernels import backward, forward, forward_gluon, persistent_schedule
 
     calls = []
-    kind = JITFunction if isinstance(quantize_kernel, JITFunction) else interpreter.InterpretedFunction
-    monkeypatch.setattr(kind, "run",
-                        lambda self, *args, grid=None, warmup=False, **kwargs: calls.append((self.fn, args, kwargs)))
+    for kind in (JITFunction, interpreter.InterpretedFunction):
+        monkeypatch.setattr(kind, "run",
+                            lambda self, *args, grid=None, warmup=False, **kwargs: calls.append((self.fn, args, kwargs)))
     monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
+    shape = (256, 128) if gluon else (96, 64)
+    if gluon:
+        for module in (forward, backward):
+            monkeypatch.setattr(module, "gluon_runs", lambda *args, **kwargs: True)
+        monkeypatch.setattr(forward_gluon, "q_quantization_reason", lambda *args, **kwargs: None)
+        monkeypatch.setattr(persistent_schedule, "sm_count", lambda device: 132)
     torch.manual_seed(0)
-    q = torch.randn(1, 4, 96, 64, dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(1, 2, 96, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    q = torch.randn(1, 4, *shape, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, 2, *shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     out = fp8_attention(q, k, v, causal=True, config=RECIPES[recipe].replace(backend="triton"))
     out.backward(torch.randn_like(out))
     return calls
 
 
-@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_stale", "fp8_delta_tile", "hybrid_delta"])
-def test_direct_arguments_are_what_tritons_binder_passes(monkeypatch, recipe):
-    calls = _capture_launches(monkeypatch, recipe)
-    assert len(calls) >= 4
+def _assert_binder_agrees(calls: list) -> None:
+    """The direct path's arguments (positional ones, then :meth:`DirectLauncher.tail`) are, one by
+    one, what Triton's binder passes for each captured launch."""
     for fn, args, kwargs in calls:
         kernel = JITFunction(fn)
         binder = create_function_from_signature(kernel.signature, kernel.params, BACKEND)
@@ -100,6 +116,28 @@ def test_direct_arguments_are_what_tritons_binder_passes(monkeypatch, recipe):
         assert len(ours) == len(theirs), fn.__name__
         for name, a, b in zip(kernel.arg_names, ours, theirs):
             assert a is b or (not isinstance(a, torch.Tensor) and a == b), f"{fn.__name__}.{name}: {a!r:.40} vs {b!r:.40}"
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast", "fp8_stale", "fp8_delta_tile", "hybrid_delta"])
+def test_direct_arguments_are_what_tritons_binder_passes(monkeypatch, recipe):
+    calls = _capture_launches(monkeypatch, recipe)
+    assert len(calls) >= 4
+    _assert_binder_agrees(calls)
+
+
+@pytest.mark.skipif(launch_mod.GluonTensorDescriptor is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("recipe", ["fp8_delta", "fp8_delta_fast"])
+def test_direct_arguments_of_the_gluon_kernels_are_what_tritons_binder_passes(monkeypatch, recipe):
+    from hf_fp8_attention.kernels import gluon_hopper
+
+    calls = _capture_launches(monkeypatch, recipe, gluon=True)
+    gluon_modules = {"forward_persistent", "backward_stats_gluon", "backward_dq_gluon", "backward_dkdv_gluon"}
+    gluon_names = {fn.__name__ for fn, _, _ in calls if fn.__module__.rsplit(".", 1)[-1] in gluon_modules}
+    # the forward, the backward's statistics, dQ and dK/dV, each with Gluon descriptors among its arguments
+    assert len(gluon_names) == 4, sorted(gluon_names)
+    assert all(any(isinstance(a, gluon_hopper.TensorDescriptor) for a in args)
+               for fn, args, _ in calls if fn.__name__ in gluon_names)
+    _assert_binder_agrees(calls)
 
 
 def _toy(x_ptr, n, y, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):

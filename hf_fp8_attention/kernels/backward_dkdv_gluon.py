@@ -42,6 +42,7 @@ import torch
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .launch import launch as launch_kernel
 
 if gluon is not None:
     from .gluon_hopper import (
@@ -126,7 +127,7 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
              descriptor(qct.view(-1, qct.shape[-1]), (d, BLOCK_Q)),
              descriptor(doct.view(-1, doct.shape[-1]), (d, BLOCK_Q)),
              descriptor(kr.view(-1, d), (HALF_K, d)), descriptor(vr.view(-1, d), (HALF_K, d)))
-    _dkdv_kernel[(sk // BLOCK_K, b * hkv)](
+    launch_kernel(_dkdv_kernel, (sk // BLOCK_K, b * hkv),
         *descs, qrs, krs, vrs, dors, qcs, docs, lse2, delta, ds_bound, dk, dv,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
         BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal), POW2=pow2,

@@ -28,6 +28,7 @@ import torch
 from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .launch import launch as launch_kernel
 from .persistent_schedule import launch_table
 
 if gluon is not None:
@@ -99,13 +100,13 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
     if PERSISTENT and QDO_IN_REGISTERS:
         n_blk = sq // BLOCK_M
         table, n_prog = launch_table(n_blk, b * hq, sk, causal, head_group(causal), dq.device)
-        _dq_persistent_kernel[(n_prog, )](
+        launch_kernel(_dq_persistent_kernel, (n_prog, ),
             *descs, table, qrs, krs, kcs, lse2do, delta, ds_bound, dq, hq, groups, sq, sk, kcs.shape[2], n_blk,
             qk_scale, tau, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, num_warps=4,
             maxnreg=MAXNREG)
         return
-    _dq_kernel[(sq // BLOCK_M, b * hq)](
+    launch_kernel(_dq_kernel, (sq // BLOCK_M, b * hq),
         *descs, qrs, krs, kcs, lse2do, delta, ds_bound, dq,
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),

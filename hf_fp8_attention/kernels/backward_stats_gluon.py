@@ -29,6 +29,7 @@ import torch
 from ..config import DeltaMode, FP8AttentionConfig
 from ..masking import MaskSpec
 from .gluon_hopper import descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .launch import launch as launch_kernel
 from .persistent_schedule import launch_table
 
 if gluon is not None:
@@ -107,13 +108,13 @@ def gluon_dq_stats(qr, qrs, kr, krs, vr, vrs, dor, dors, lse2, lse2do, delta, ds
     if PERSISTENT:
         n_blk = sq // BLOCK_M
         table, n_prog = launch_table(n_blk, b * hq, sk, causal, head_group(causal), lse2.device)
-        _stats_persistent_kernel[(n_prog, )](
+        launch_kernel(_stats_persistent_kernel, (n_prog, ),
             *descs, table, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound, hq, groups, sq, sk, n_blk, qk_scale,
             HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, PIPELINED=PIPELINED, STAGES=STAGES,
             TREE=TREE_REDUCTIONS, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
             maxnreg=MAXNREG)
         return
-    _stats_kernel[(sq // BLOCK_M, b * hq)](
+    launch_kernel(_stats_kernel, (sq // BLOCK_M, b * hq),
         *descs, qrs, krs, vrs, dors, lse2, lse2do, delta, ds_bound,
         hq, groups, sq, sk, qk_scale,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),

@@ -51,6 +51,7 @@ from ..config import FP8AttentionConfig
 from ..masking import MaskSpec
 from .exponent import LOG2_PMAX, fma_bound
 from .gluon_hopper import TensorDescriptor, descriptor, device_reason, gluon, head_group, recipe_reason, shape_reason
+from .launch import launch as launch_kernel
 from .quantize import cvt_mode, hadamard_operand
 
 # (imported at the end: forward_persistent runs this module's consumer code)
@@ -217,7 +218,7 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
                                   pow2=pow2)
         return
     q_amax = k_scales if q_head_amax is None else q_head_amax  # read only with one scale per head
-    _fwd_kernel[(sq // BLOCK_M, b * hq)](
+    launch_kernel(_fwd_kernel, (sq // BLOCK_M, b * hq),
         *descs, h_desc, *q_in, q_amax, k_scales if q_scales is None else q_scales, k_scales, v_scales, out,
         *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
         qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,

@@ -25,6 +25,7 @@ import functools
 import torch
 
 from .gluon_hopper import TensorDescriptor, gluon
+from .launch import launch as launch_kernel
 from .persistent_schedule import launch_table
 
 if gluon is not None:
@@ -85,7 +86,7 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
     else:
         q_desc, rb, rh, ch = descs[0], 0, 0, 0
     q_amax = k_scales if q_head_amax is None else q_head_amax
-    _fwd_persistent_kernel[(n_prog, )](
+    launch_kernel(_fwd_persistent_kernel, (n_prog, ),
         q_desc, descs[1], descs[2], h_desc, table, q_amax, k_scales if q_scales is None else q_scales, k_scales,
         v_scales, out, *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2], n_blk, rb, rh, ch,
         qk_scale, slack, Q_IN=q_in, Q_HEAD=q_head_amax is not None, POW2=pow2, OUT_STRIDED=fg.TOKEN_MAJOR_OUT,

@@ -3,8 +3,8 @@
 ``kernel[grid](*args, **meta)`` binds every argument on every call: it specializes each one
 (dtype and 16-byte alignment of pointers, divisibility and range of integers), builds the
 compiled-kernel cache key from that, checks the kernel's globals, and only then calls the
-compiled kernel's launcher. For these kernels' 18-71 arguments that is 20-87 µs of host time per
-launch on the benchmark machine, of which the launcher itself takes 7-27 µs
+compiled kernel's launcher (Gluon kernels alike). For these kernels' 18-71 arguments that is 20-87
+µs of host time per launch on the benchmark machine, of which the launcher itself takes 7-27 µs
 (``benchmarks/experiments/launch_probe.py``; ``benchmarks/NOTES.md``, "Host time").
 
 :func:`launch` keys each call by a cheap superset of Triton's specialization (:func:`arg_key`
@@ -34,6 +34,10 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton without host-side tensor descriptors
     TensorDescriptor = None
+try:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+except ImportError:  # Triton without Gluon
+    GluonTensorDescriptor = None
 
 DIRECT_LAUNCH_ENV = "HF_FP8_ATTENTION_DIRECT_LAUNCH"
 # The direct path on (True) or off (False) in this process whatever the environment says; None: the
@@ -54,8 +58,9 @@ def arg_key(a) -> object:
     Tensors: dtype and whether the data pointer is 16-byte aligned. Integers: equal to 1 (Triton
     passes a 1 as a constant), divisible by 16, and the narrowest of int32 / int64 / wider that
     holds them. Floats and bools: their type only (Triton does not specialize on their values).
-    None: itself. Host tensor descriptors: the base's dtype, the block shape and the options.
-    Raises :class:`Unkeyable` for anything else.
+    None: itself. Host tensor descriptors: the base's dtype, the block shape and the options;
+    Gluon's also their shared-memory layout (a frozen dataclass: hashed by value). Raises
+    :class:`Unkeyable` for anything else.
     """
     cls = a.__class__
     if cls is torch.Tensor or isinstance(a, torch.Tensor):
@@ -69,6 +74,8 @@ def arg_key(a) -> object:
         return None
     if TensorDescriptor is not None and cls is TensorDescriptor:
         return (cls, a.base.dtype, tuple(a.block_shape), a.padding, getattr(a, "round_f32_to_tf32", None))
+    if GluonTensorDescriptor is not None and cls is GluonTensorDescriptor:
+        return (cls, a.base.dtype, tuple(a.block_shape), a.padding, a.layout)
     raise Unkeyable(f"no launch key for an argument of type {cls.__name__}")
 
 
