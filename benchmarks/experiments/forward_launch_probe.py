@@ -2,8 +2,9 @@
 k / v (1, 8, 8192, 128), causal), on a GPU: what the 8k training step's forward waits on
 (benchmarks/NOTES.md, "End to end", v60).
 
-Prints, in order: the fast recipe's forward host time per call with ``forward.Q_STATS_BESIDE_KV`` on
-and off, alternated over three rounds (median of 200 calls, a sync every 10, not timed); per recipe
+Prints, in order: the fast recipe's host time per forward and per forward + backward with the direct
+launch path (:mod:`hf_fp8_attention.kernels.launch`, Gluon kernels included) off and on, alternated
+over three rounds (median of 200 calls, a sync every 10, not timed); per recipe
 the forward's host time through autograd and without gradients, and the host time inside one call
 of its pieces (``stats_then_copies``, ``stats_for``, the Gluon launch with its descriptors, the
 schedule table, the Triton launches); per kernel launched, ``kernel[grid](...)`` repeated alone
@@ -43,15 +44,19 @@ def med(fn, n=200, every=10):
     return 1e6 * statistics.median(ts)
 
 cfg = RECIPES["fp8_delta_fast"]
+grad = torch.randn_like(q)
+def fwd_bwd():
+    fp8_attention(q, k, v, causal=True, config=cfg).backward(grad)
 for rnd in range(3):
-    for beside in (True, False):
-        forward.Q_STATS_BESIDE_KV = beside
+    for direct in (False, True):
+        L.DIRECT_LAUNCH = direct
         for _ in range(3):
-            fp8_attention(q, k, v, causal=True, config=cfg)
+            fwd_bwd()
         torch.cuda.synchronize()
-        print(f"round {rnd}: fast, Q_STATS_BESIDE_KV={beside}: forward host "
-              f"{med(lambda: fp8_attention(q, k, v, causal=True, config=cfg)):.1f} us", flush=True)
-forward.Q_STATS_BESIDE_KV = True
+        print(f"round {rnd}: fast, direct launch {direct}: forward host "
+              f"{med(lambda: fp8_attention(q, k, v, causal=True, config=cfg)):.1f} us, forward + backward host "
+              f"{med(fwd_bwd):.1f} us", flush=True)
+L.DIRECT_LAUNCH = None
 for name in ["fp8_delta_fast", "fp8_delta"]:
     cfg = RECIPES[name]
     for _ in range(3):
