@@ -86,9 +86,11 @@ def _capture_launches(monkeypatch, recipe: str, gluon: bool = False) -> list:
     from hf_fp8_attention.kernels import backward, forward, forward_gluon, persistent_schedule
 
     calls = []
+    def record(self, *args, grid=None, warmup=False, **kwargs):
+        calls.append((self.fn, args, kwargs))
+
     for kind in (JITFunction, interpreter.InterpretedFunction):
-        monkeypatch.setattr(kind, "run",
-                            lambda self, *args, grid=None, warmup=False, **kwargs: calls.append((self.fn, args, kwargs)))
+        monkeypatch.setattr(kind, "run", record)
     monkeypatch.setattr(ops, "select_backend", lambda device, config: Backend.TRITON)
     shape = (256, 128) if gluon else (96, 64)
     if gluon:
