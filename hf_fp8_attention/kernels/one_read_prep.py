@@ -84,7 +84,7 @@ def _one_read_kernel(
                             SY_SUM, SY_AMAX, False, False, False, False, True, SX_MEAN_ROTATE, SY_MEAN_ROTATE, False,
                             MEAN_COLS, FOLD_LOADS, True, False)
     if chunk * CHUNK < length:
-        wait_for_statistics(count_ptr, op, bh, length, N_SEQ * H, CHUNK)
+        wait_for_statistics(count_ptr, op, bh, length, H, H, H, N_SEQ, CHUNK)
         quantize_block(
             chunk * TILES, bh, op,
             x_ptr, sxb, sxh, sxs, sxd, qx_row_codes_ptr, qx_row_scales_ptr, qx_col_codes_ptr, qx_col_scales_ptr,

@@ -261,6 +261,22 @@ def operand_heads(op, HX, HY, HZ):
 
 
 @triton.jit
+def partials_row(slot, bb, h, heads, before, N_BATCH, N_SLOTS):
+    """The row (int64; 4 · BLOCK_D fp32 each) of the partials of (slot ``slot``, batch row ``bb``,
+    head ``h`` of ``heads``) of the operand whose rows follow those of the ``before`` heads ahead of
+    it: per operand (n_slots, N_BATCH · its heads), back to back."""
+    return ((N_SLOTS * N_BATCH * before).to(tl.int64) + slot.to(tl.int64) * (N_BATCH * heads)
+            + bb.to(tl.int64) * heads + h)
+
+
+@triton.jit
+def stats_counter(count_ptr, bh, before, N_SEQ):
+    """The fold's counter of (sequence·head ``bh``) of the operand after the ``before`` heads ahead of
+    it: per operand N_SEQ · its heads, back to back."""
+    return count_ptr + N_SEQ * before + bh
+
+
+@triton.jit
 def chunk_partials(
     x_ptr, sxb, sxh, sxs, sxd, y_ptr, syb, syh, sys_, syd, z_ptr, szb, szh, szs, szd, h_ptr, part_ptr, cu_ptr,
     chunk_off_ptr, chunk, bh, op, HX, HY, HZ, S, D, N_BATCH, N_SEQ, N_SLOTS, count_ptr, x_out_ptr, y_out_ptr,
@@ -291,8 +307,7 @@ def chunk_partials(
     length = tl.where(active, length, 0)
     if chunk * CHUNK < length:
         row = bb.to(tl.int64)
-        region = (N_SLOTS * N_BATCH * before).to(tl.int64)
-        out = part_ptr + (region + slot.to(tl.int64) * (N_BATCH * heads) + row * heads + h) * 4 * BLOCK_D
+        out = part_ptr + partials_row(slot, bb, h, heads, before, N_BATCH, N_SLOTS) * 4 * BLOCK_D
         if op == 0:
             _partials_tile(x_ptr + row * sxb + h * sxh, sxs, sxd, h_ptr, out, start, length, chunk, D, CHUNK, SUB,
                            BLOCK_D, X_ROTATE, X_EXT, X_SUM, X_SUM, X_AMAX, DOT_DTYPE, ELEMENTWISE, STAGES,
@@ -310,7 +325,7 @@ def chunk_partials(
             # acquire-release (GPU scope) makes all of a sequence's partials visible to the program that
             # counts last, which folds them.
             tl.debug_barrier()
-            counter = count_ptr + N_SEQ * before + bh
+            counter = stats_counter(count_ptr, bh, before, N_SEQ)
             done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if done == tl.cdiv(length, CHUNK) - 1:
                 _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, b, h, length, slot - chunk, row,
@@ -328,14 +343,15 @@ def chunk_partials(
 
 
 @triton.jit
-def wait_for_statistics(count_ptr, op, bh, length, N_SH, CHUNK: tl.constexpr):
-    """Spin until the fold of (operand ``op``, sequence·head ``bh``) has published its statistics
-    (:func:`chunk_partials` with PUBLISH). The acquire (GPU scope) orders the statistics' loads that
-    follow after the folding program's stores."""
+def wait_for_statistics(count_ptr, op, bh, length, HX, HY, HZ, N_SEQ, CHUNK: tl.constexpr):
+    """Spin until the fold of (operand ``op`` of head counts HX, HY, HZ, sequence·head ``bh``) has
+    published its statistics (:func:`chunk_partials` with PUBLISH). The acquire (GPU scope) orders
+    the statistics' loads that follow after the folding program's stores."""
     ready = tl.cdiv(length, CHUNK) + 1
-    seen = tl.atomic_add(count_ptr + op * N_SH + bh, 0, sem="acquire", scope="gpu")
+    counter = stats_counter(count_ptr, bh, operand_heads(op, HX, HY, HZ)[1], N_SEQ)
+    seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
     while seen < ready:
-        seen = tl.atomic_add(count_ptr + op * N_SH + bh, 0, sem="acquire", scope="gpu")
+        seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -372,8 +388,6 @@ def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, seq, h,
     Loads bypass L1 (``.cg``): in the partials launch other programs wrote them. A chunk past the
     sequence adds the reductions' identities: the sum is never −0 (it starts at +0), so adding +0
     leaves its bits as they are."""
-    row = (bb * heads + h).to(tl.int64)
-    region = (N_SLOTS * N_BATCH * before).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     hi = tl.full([BLOCK_D], float("-inf"), tl.float32)
     lo = tl.full([BLOCK_D], float("inf"), tl.float32)
@@ -384,7 +398,7 @@ def _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, seq, h,
         for i in tl.static_range(FOLD_LOADS):  # chunks past the sequence load the reductions' identities
             c = c0 + i
             ok = c * BLOCK_D + offs_d < n_chunks * BLOCK_D  # c < n_chunks as a vector (as the interpreter needs)
-            base = part_ptr + (region + (slot0 + c).to(tl.int64) * (N_BATCH * heads) + row) * 4 * BLOCK_D + offs_d
+            base = part_ptr + partials_row(slot0 + c, bb, h, heads, before, N_BATCH, N_SLOTS) * 4 * BLOCK_D + offs_d
             hi = max_nan(hi, tl.load(base, mask=ok, other=float("-inf"), cache_modifier=".cg"))
             lo = min_nan(lo, tl.load(base + BLOCK_D, mask=ok, other=float("inf"), cache_modifier=".cg"))
             amax = max_nan(amax, tl.load(base + 2 * BLOCK_D, mask=ok, other=0.0, cache_modifier=".cg"))
