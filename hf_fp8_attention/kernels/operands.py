@@ -97,20 +97,23 @@ def stats_then_copies(xs: tuple, copies: tuple[Copies, ...], *, block: int, pow2
     ``stats``, computed in the statistics launch of ``xs`` (in one of their own where the one-read
     launch runs), the same bits either way."""
     max_len = xs[0].shape[2] if cu_seqlens is None else max_seqlen
-    extra = () if beside is None else (beside[0], )
     if one_read_prep.ONE_READ and max_len is not None:  # (its switch first: host time when off)
         needs = operand_needs(copies, also)
         if one_read_prep.one_read_reason(xs, needs, block, int(max_len)) is None:
             stats, outs = one_read_prep.one_read_operands(xs, copies, needs, block=block, pow2=pow2,
                                                           cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
             if beside is not None:
-                stats = (*stats, *stats_for(extra, beside[1:2], cu_seqlens, max_seqlen,
-                                            also=None if beside[2] is None else beside[2:3]))
+                x_b, copies_b, also_b = beside
+                stats = (*stats, *stats_for((x_b, ), (copies_b, ), cu_seqlens, max_seqlen,
+                                            also=None if also_b is None else (also_b, )))
             return stats, outs
+    all_xs = xs
     if beside is not None:  # (an operand's own copies as its ``also`` add nothing to its needs)
-        also = (*(also or copies), beside[2] or beside[1])
-        copies = (*copies, beside[1])
-    stats = stats_for((*xs, *extra), copies, cu_seqlens, max_seqlen, also=also)
+        x_b, copies_b, also_b = beside
+        all_xs = (*xs, x_b)
+        also = (*(also or copies), also_b or copies_b)  # (before ``copies`` gains the operand)
+        copies = (*copies, copies_b)
+    stats = stats_for(all_xs, copies, cu_seqlens, max_seqlen, also=also)
     return stats, quantize_operands(xs, copies[:len(xs)], block=block, pow2=pow2, cu_seqlens=cu_seqlens,
                                     max_seqlen=max_seqlen, stats=stats[:len(xs)])
 

@@ -508,6 +508,12 @@ def _stats_views(out: torch.Tensor, n_seq: int, heads: int, dp: int) -> Sequence
                          out.as_strided(*vec, n_sh * dp))
 
 
+def _three(items, filler) -> tuple:
+    """``items`` (one per operand: X, then Y, then Z) filled up to three with ``filler``, for the
+    kernels' fixed X / Y / Z parameters; a filler operand is never read."""
+    return (*items, *(filler,) * (3 - len(items)))
+
+
 def stats_launch(
     xs: tuple[torch.Tensor, ...],
     needs: tuple[StatsNeed, ...],
@@ -543,9 +549,7 @@ def stats_launch(
     outs = [alloc((n_seq * hx * (2 * dp + 1),), dtype=torch.float32, device=dev) for hx in heads]
     results = tuple(_stats_views(o, n_seq, hx, dp) for o, hx in zip(outs, heads))
     cu = cu_seqlens if varlen else x
-    padded = tuple(xs) + (x,) * (3 - len(xs))  # operands past the last: never read
-    padded_needs = tuple(needs) + (StatsNeed(),) * (3 - len(xs))
-    padded_heads = heads + [heads[0]] * (3 - len(xs))
+    padded, padded_needs, padded_heads = _three(xs, x), _three(needs, StatsNeed()), _three(heads, heads[0])
     flags = {}
     for prefix, n in zip(("X", "Y", "Z"), padded_needs):
         ext = n.row_amax
@@ -576,7 +580,7 @@ def stats_launch(
     strided = tuple(a for t in padded for a in (t, *t.stride()))
     sizes = (*padded_heads, seq, d, bsz, n_seq, n_slots)
     args = (*strided, h, part, cu, chunk_off, *sizes)
-    padded_outs = tuple(outs) + (outs[0],) * (3 - len(xs))
+    padded_outs = _three(outs, outs[0])
     # Folding, every sequence needs its chunk 0 program (an empty one writes its zeros there).
     grid = (max(cdiv(max_len, CHUNK), 1), n_seq * max(heads), len(xs))
     finish_args = (part, h, *padded_outs, cu, chunk_off, *padded_heads, seq, bsz, n_seq, n_slots)
@@ -619,7 +623,7 @@ def sequence_stats(
         counts = torch.zeros(st.counters, dtype=torch.int32, device=x.device) if fold else x
         descs = tma_descriptors(xs, st.meta["SUB"], st.meta["BLOCK_D"])
         meta = st.meta if descs is None else {**st.meta, "STAGES": st.tma_stages}
-        descs = (descs + (descs[0],) * (3 - len(descs))) if descs else (None, None, None)
+        descs = _three(descs, descs[0]) if descs else (None, None, None)
         launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, x_desc=descs[0],
                       y_desc=descs[1], z_desc=descs[2], TMA=descs[0] is not None, **meta)
     if not fold:
