@@ -49,12 +49,16 @@ def test_q_beside_k_and_v_gives_the_same_bits(packed, fold_in_partials):
 
 
 def test_q_as_the_middle_operand_gives_the_same_bits():
-    """The operand with more heads need not be the last: Y has its own head count too."""
+    """The operand with more heads need not be the last: Y has its own head count too (Q between K
+    and V, and Q as the second of two)."""
     gen = torch.Generator().manual_seed(4)
     k = torch.randn(1, 2, 70, 64, generator=gen).to(torch.bfloat16)
     q = torch.randn(1, 6, 70, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(1, 2, 70, 64, generator=gen).to(torch.bfloat16)
+    (want_k,), (want_q,), (want_v,) = (_run((x,), (n,), None, True) for x, n in ((k, K_NEED), (q, Q_NEED), (v, V_NEED)))
+    got_k, got_q, got_v = _run((k, q, v), (K_NEED, Q_NEED, V_NEED), None, True)
+    assert all(torch.equal(g, w) for g, w in zip(got_k + got_q + got_v, want_k + want_q + want_v))
     got_k, got_q = _run((k, q), (K_NEED, Q_NEED), None, True)
-    (want_k,), (want_q,) = _run((k,), (K_NEED,), None, True), _run((q,), (Q_NEED,), None, True)
     assert all(torch.equal(g, w) for g, w in zip(got_k + got_q, want_k + want_q))
 
 
