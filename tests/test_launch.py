@@ -17,7 +17,8 @@ from triton.runtime.jit import JITFunction
 from hf_fp8_attention import RECIPES, fp8_attention, ops
 from hf_fp8_attention.config import Backend
 from hf_fp8_attention.kernels import launch as launch_mod
-from hf_fp8_attention.kernels.launch import DIRECT_LAUNCH_ENV, DirectLauncher, Unkeyable, arg_key, launcher
+from hf_fp8_attention.kernels.launch import (DIRECT_LAUNCH_ENV, DirectLauncher, Unkeyable, arg_key,
+                                              default_direct_launch, launcher)
 
 native = pytest.importorskip("triton._C.libtriton")
 if not hasattr(native, "native_specialize_impl"):
@@ -233,13 +234,30 @@ def test_unkeyable_calls_and_hooked_kernels_take_tritons_path(toy_launcher):
     assert [entry[0] for entry in log] == ["bound"] * 6
 
 
-def test_launcher_is_off_by_default_and_never_for_the_interpreter(monkeypatch):
-    from hf_fp8_attention.kernels import launch as launch_mod
+@pytest.mark.parametrize("version, cuda, on", [
+    ("3.6.0", True, True), ("3.9.0", True, True), ("3.7.1+git4a2b", True, True), ("3.5.1", True, False),
+    ("3.10.0", True, False), ("4.0.0", True, False), ("3.6.0", False, False),
+])
+def test_direct_path_is_on_by_default_only_under_the_tested_triton_releases_with_cuda(version, cuda, on):
+    assert default_direct_launch(version, cuda) is on
 
+
+def test_launcher_follows_the_switch_the_environment_then_the_default_and_never_the_interpreter(monkeypatch):
     kernel = JITFunction(_toy)
     monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", None)
     monkeypatch.delenv(DIRECT_LAUNCH_ENV, raising=False)
+    for default in (False, True):
+        monkeypatch.setattr(launch_mod, "_DEFAULT", default)
+        assert (launcher(kernel) is not None) is default
+    monkeypatch.setattr(launch_mod, "_DEFAULT", None)  # found afresh: this machine's
+    expected = default_direct_launch(triton.__version__, torch.cuda.is_available())
+    assert (launcher(kernel) is not None) is expected
+    monkeypatch.setenv(DIRECT_LAUNCH_ENV, "0")
     assert launcher(kernel) is None
+    monkeypatch.setenv(DIRECT_LAUNCH_ENV, "1")
+    monkeypatch.setattr(launch_mod, "_DEFAULT", False)
+    assert launcher(kernel) is not None
+    monkeypatch.delenv(DIRECT_LAUNCH_ENV)
     monkeypatch.setattr(launch_mod, "DIRECT_LAUNCH", True)  # the module's switch over the environment
     assert launcher(kernel) is not None
     monkeypatch.setenv(DIRECT_LAUNCH_ENV, "1")

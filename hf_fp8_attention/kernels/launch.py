@@ -15,12 +15,14 @@ compiled kernel directly with the arguments in the kernel's parameter order
 would specialize differently never share a key, so a cached kernel is only ever run on arguments it
 was compiled for (``tests/test_launch.py`` checks the superset against Triton's specializer).
 
-The direct path is off unless ``HF_FP8_ATTENTION_DIRECT_LAUNCH=1`` or :data:`DIRECT_LAUNCH` (set by a
-process, e.g. a benchmark alternating the two paths step by step) says so (on the H200 it saves 8-12% of
-the op's host time, less than a training step's noise, and it rests on Triton internals tested
-with Triton 3.6 only); under the Triton interpreter,
-with a kernel's pre-run hooks, or with an argument type it cannot key, every call takes Triton's
-path.
+The direct path is on by default on a CUDA machine under the Triton releases whose specialization
+the tests check the key against (:data:`DIRECT_TRITON`: 3.6 on the GPU, 3.9 on the CPU, and the
+releases between), off elsewhere; ``HF_FP8_ATTENTION_DIRECT_LAUNCH=0`` / ``=1`` or
+:data:`DIRECT_LAUNCH` (set by a process, e.g. a benchmark alternating the two paths step by step)
+override that. On the H100 it takes 0.1-0.7 ms off the host time of the fast recipe's fwd+bwd
+(2.7-5.4 ms there) and 0.5-7% off the time of a host-bound training step (``benchmarks/NOTES.md``,
+"End to end", v61). Under the Triton interpreter, with a kernel's pre-run hooks, or with an argument
+type it cannot key, every call takes Triton's path.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import inspect
 import os
 
 import torch
+import triton
 from triton.runtime.jit import JITFunction
 
 try:
@@ -43,6 +46,9 @@ DIRECT_LAUNCH_ENV = "HF_FP8_ATTENTION_DIRECT_LAUNCH"
 # The direct path on (True) or off (False) in this process whatever the environment says; None: the
 # environment variable decides.
 DIRECT_LAUNCH: bool | None = None
+# The Triton releases (major, minor) whose specialization and launcher the direct path's key and
+# calls are tested against (tests/test_launch.py): there it is on unless the environment says 0.
+DIRECT_TRITON = ((3, 6), (3, 9))
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -79,11 +85,33 @@ def arg_key(a) -> object:
     raise Unkeyable(f"no launch key for an argument of type {cls.__name__}")
 
 
+def triton_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a Triton version string such as ``"3.6.0"`` or ``"3.9.0+git1a2b"``."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def default_direct_launch(version: str, cuda: bool) -> bool:
+    """The direct path's default: on a machine with CUDA, under a Triton ``version`` within
+    :data:`DIRECT_TRITON`."""
+    return cuda and DIRECT_TRITON[0] <= triton_release(version) <= DIRECT_TRITON[1]
+
+
+_DEFAULT: bool | None = None  # this process's default_direct_launch, found at its first launch
+
+
 def direct_launch_enabled() -> bool:
-    """Whether launches take the direct path: :data:`DIRECT_LAUNCH` where set, else the environment."""
+    """Whether launches take the direct path: :data:`DIRECT_LAUNCH` where set, else the environment
+    variable where set (``0`` or empty: off), else :func:`default_direct_launch` of this process."""
     if DIRECT_LAUNCH is not None:
         return DIRECT_LAUNCH
-    return os.environ.get(DIRECT_LAUNCH_ENV, "0") not in ("", "0")
+    env = os.environ.get(DIRECT_LAUNCH_ENV)
+    if env is not None:
+        return env not in ("", "0")
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = default_direct_launch(triton.__version__, torch.cuda.is_available())
+    return _DEFAULT
 
 
 class DirectLauncher:
@@ -163,5 +191,5 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
         direct(grid, args, meta)
 
 
-__all__ = ["DIRECT_LAUNCH", "DIRECT_LAUNCH_ENV", "DirectLauncher", "Unkeyable", "arg_key", "direct_launch_enabled",
-           "launch", "launcher"]
+__all__ = ["DIRECT_LAUNCH", "DIRECT_LAUNCH_ENV", "DIRECT_TRITON", "DirectLauncher", "Unkeyable", "arg_key",
+           "default_direct_launch", "direct_launch_enabled", "launch", "launcher", "triton_release"]
