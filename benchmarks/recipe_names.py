@@ -108,6 +108,9 @@ ON_OFF_SWITCHES = {
     "--q-stats-beside-kv": ("forward", "Q_STATS_BESIDE_KV",
                             "1: the forward computes Q's statistics in the K/V statistics launch where Q shares their "
                             "token axis; 0: in a launch of their own"),
+    "--keep-fold-counters": ("sequence_stats", "KEEP_FOLD_COUNTERS",
+                             "1: the statistics' fold counters kept between launches; 0: fresh zeros (a zeroing "
+                             "launch) for every statistics launch"),
 }
 
 # The options of add_schedule_options, as the scripts' result headers name them.
@@ -154,7 +157,9 @@ def add_schedule_options(parser) -> None:
       or in two (``kernels.one_read_prep.ONE_READ``, off by default): one launch fewer per pair, for
       steps whose forward waits on the host;
     - ``--q-stats-beside-kv 0|1``: the forward's statistics of Q in the K/V statistics launch, or in a
-      launch of their own (``kernels.forward.Q_STATS_BESIDE_KV``, on by default)."""
+      launch of their own (``kernels.forward.Q_STATS_BESIDE_KV``, on by default);
+    - ``--keep-fold-counters 0|1``: the statistics launch's fold counters kept zeroed between
+      launches, or fresh zeros for each (``kernels.sequence_stats.KEEP_FOLD_COUNTERS``, on by default)."""
     parser.add_argument("--backward-chunks", type=int, default=None, metavar="N",
                         help="the FP8 backward in N chunks (kernels.backward.LAUNCH['backward_chunks']) for this run")
     parser.add_argument("--head-group", type=int, default=None, metavar="N",

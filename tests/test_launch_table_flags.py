@@ -202,14 +202,14 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
                 exponent.FMA_EXPONENT_TRITON, sequence_stats.FOLD_IN_PARTIALS, forward.TOKEN_MAJOR_OUT,
                 forward_gluon.TOKEN_MAJOR_OUT, forward_gluon.QUANTIZE_Q, forward_gluon.PERSISTENT,
                 forward.HAND_OVER_KV_COPIES, forward.GLUON_FORWARD, launch.DIRECT_LAUNCH, one_read_prep.ONE_READ,
-                forward.Q_STATS_BESIDE_KV)
+                forward.Q_STATS_BESIDE_KV, sequence_stats.KEEP_FOLD_COUNTERS)
 
     for module, name, value in ((exponent, "FMA_EXPONENT", True), (exponent, "FMA_EXPONENT_TRITON", False),
                                 (forward, "TOKEN_MAJOR_OUT", True), (forward_gluon, "TOKEN_MAJOR_OUT", True),
                                 (forward_gluon, "QUANTIZE_Q", True), (forward_gluon, "PERSISTENT", True),
                                 (forward, "HAND_OVER_KV_COPIES", False), (forward, "GLUON_FORWARD", (128, )),
                                 (launch, "DIRECT_LAUNCH", None), (one_read_prep, "ONE_READ", False),
-                                (forward, "Q_STATS_BESIDE_KV", True)):
+                                (forward, "Q_STATS_BESIDE_KV", True), (sequence_stats, "KEEP_FOLD_COUNTERS", True)):
         monkeypatch.setattr(module, name, value)  # a known start, whatever the defaults become
     before, launch_table, dispatch_table = values(), backward.LAUNCH, gluon_hopper.DISPATCH
     state = recipe_names.schedule_state()
@@ -218,13 +218,13 @@ def test_schedule_snapshot_puts_every_switch_back(monkeypatch):
     flags = ["--backward-chunks", "3", "--head-group", "7", "--chunk-by-size", "--fma-exponent", "0",
              "--fold-stats", str(int(not sequence_stats.FOLD_IN_PARTIALS)), "--token-major-out", "0",
              "--quantize-q", "0", "--persistent", "0", "--hand-over-kv", "1", "--gluon-forward-d64", "1",
-             "--direct-launch", "1", "--one-read", "1", "--q-stats-beside-kv", "0"]
+             "--direct-launch", "1", "--one-read", "1", "--q-stats-beside-kv", "0", "--keep-fold-counters", "0"]
     try:
         recipe_names.apply_schedule_options(parser, parser.parse_args(flags))
         changed = values()
         # every switch but the Triton forward's exponent (--fma-exponent 0 sets both to False: it was off)
         assert [a != b for a, b in zip(before, changed)] == [True, True, True, False, True, True, True, True,
-                                                             True, True, True, True, True, True], changed
+                                                             True, True, True, True, True, True, True], changed
     finally:
         recipe_names.restore_schedule(state)
     assert values() == before

@@ -1,7 +1,8 @@
 """The statistics' fold loads several chunks' partials at a time (``sequence_stats.FOLD_LOADS``)
 and adds them in order: under the Triton interpreter its statistics are the same bits as one chunk at
 a time, in the partials launch and in the finishing launch, dense and packed, where the chunk count
-is a multiple of FOLD_LOADS and where it is not."""
+is a multiple of FOLD_LOADS and where it is not. Each fold sets its counter back to zero, so the
+counters kept between launches serve the next one."""
 import pytest
 import torch
 
@@ -39,3 +40,34 @@ def test_fold_loads_keep_the_statistics_bits(packed, fold_in_partials):
         got = _stats(k, v, cu, fold_loads, fold_in_partials)
         assert all(torch.equal(g, w) for g, w in zip(got, one)), fold_loads
     assert float(one[0].abs().max()) > 0  # the shift was computed (K is smoothed)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_fold_sets_its_counters_back_to_zero_so_the_kept_buffer_serves_the_next_launch(monkeypatch, packed):
+    gen = torch.Generator().manual_seed(6)
+    shape = (1 if packed else 2, 2, 200, 64)
+    k = (torch.randn(*shape, generator=gen) * 2 + 1).to(torch.bfloat16)
+    v = torch.randn(*shape, generator=gen).to(torch.bfloat16)
+    cu = torch.tensor([0, 9, 9, 200], dtype=torch.int32) if packed else None
+    monkeypatch.setattr(stats_module, "_FOLD_COUNTERS", {})
+    # The finishing launch folds without counters: the reference.
+    reference = _stats(k, v, cu, 1, False)
+    assert not stats_module._FOLD_COUNTERS
+    for _ in range(3):  # each launch finds the counters the one before left
+        got = _stats(k, v, cu, 1, True)
+        assert all(torch.equal(g, w) for g, w in zip(got, reference))
+        (kept,) = stats_module._FOLD_COUNTERS.values()
+        assert int(kept.abs().sum()) == 0, "a fold left its counter counted"
+    # Counted counters (as a launch that raised midway may leave them) would make the next fold
+    # come early or never: a launch that raises drops the kept buffer.
+    kept.fill_(1)
+
+    def raising(kernel, grid, *args, **meta):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(stats_module, "launch_kernel", raising)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        _stats(k, v, cu, 1, True)
+    assert not stats_module._FOLD_COUNTERS
+    monkeypatch.undo()
+    assert all(torch.equal(g, w) for g, w in zip(_stats(k, v, cu, 1, True), reference))

@@ -296,7 +296,9 @@ def chunk_partials(
     past its operand's rows does nothing). FOLD: the program that completes a sequence's chunks also
     folds them (module docstring); the MEAN flags are :func:`_finish_kernel`'s ROTATE and its COLS.
     PUBLISH (with FOLD): after its fold that program counts once more, so the counter reads
-    ``cdiv(length, CHUNK) + 1`` once the statistics are written (:func:`wait_for_statistics`). TMA:
+    ``cdiv(length, CHUNK) + 1`` once the statistics are written (:func:`wait_for_statistics`); without
+    it that program sets the counter back to zero, so that the counters leave a launch as they came
+    (:func:`fold_counters`). TMA:
     the slices through ``x_desc`` / ``y_desc`` / ``z_desc`` (:func:`_partials_tile`). Returns the
     sequence's length (0 past the operand's rows)."""
     heads, before = operand_heads(op, HX, HY, HZ)
@@ -334,6 +336,8 @@ def chunk_partials(
                 if PUBLISH:  # every thread's statistics stored, then released
                     tl.debug_barrier()
                     tl.atomic_add(counter, 1, sem="release", scope="gpu")
+                else:  # every chunk counted: back to zero for the next launch (fold_counters' kept buffer)
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
     elif FOLD:
         if (chunk == 0) & active:  # an empty sequence: no chunk to wait for, its statistics are zeros
             _fold_sequence(part_ptr, h_ptr, x_out_ptr, y_out_ptr, z_out_ptr, op, b, h, length, slot, bb, heads, before,
@@ -603,6 +607,44 @@ def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | 
     return tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, sub, dp]) for x in xs)
 
 
+# The fold's counters kept between launches (fold_counters): no zeroing launch per statistics launch
+# (torch.zeros: 49-61 µs of host time under torch.profiler on the H100's host; benchmarks/NOTES.md,
+# "Host time"). Off: fresh zeros for each launch.
+KEEP_FOLD_COUNTERS = True
+# fold_counters' buffers, by (device, stream): int32 zeros between the launches on that stream.
+_FOLD_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def fold_counters(n: int, device: torch.device) -> tuple[torch.Tensor, tuple | None]:
+    """``(counters, key)``: ``n`` int32 zeros for the fold's counters of one partials launch, and the
+    key under which they are kept (None: fresh zeros, kept nowhere).
+
+    Each folding program sets its counter back to zero (:func:`chunk_partials`), so a launch leaves
+    its counters as it found them: one buffer per (device, stream) serves launch after launch
+    without a zeroing launch of its own (launches on one stream run in order; two streams never
+    share one). Fresh zeros while the current stream is captured into a CUDA graph (a buffer from
+    the graph's pool must not outlive it in the eager calls). A launch that raises drops the kept
+    buffer (:func:`drop_fold_counters`): it may have left counters counted."""
+    if not KEEP_FOLD_COUNTERS:
+        return torch.zeros(n, dtype=torch.int32, device=device), None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(n, dtype=torch.int32, device=device), None
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device.type, device.index)
+    kept = _FOLD_COUNTERS.get(key)
+    if kept is None or kept.numel() < n:
+        kept = _FOLD_COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return kept[:n], key
+
+
+def drop_fold_counters(key: tuple | None) -> None:
+    """Forget the kept counters of ``key`` (a launch on them raised; the next one starts from zeros)."""
+    if key is not None:
+        _FOLD_COUNTERS.pop(key, None)
+
+
 def sequence_stats(
     xs: tuple[torch.Tensor, ...],
     needs: tuple[StatsNeed, ...],
@@ -620,12 +662,16 @@ def sequence_stats(
     fold = FOLD_IN_PARTIALS
     x = xs[0]
     if fold or st.max_len > 0:
-        counts = torch.zeros(st.counters, dtype=torch.int32, device=x.device) if fold else x
+        counts, kept = fold_counters(st.counters, x.device) if fold else (x, None)
         descs = tma_descriptors(xs, st.meta["SUB"], st.meta["BLOCK_D"])
         meta = st.meta if descs is None else {**st.meta, "STAGES": st.tma_stages}
         descs = _three(descs, descs[0]) if descs else (None, None, None)
-        launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, x_desc=descs[0],
-                      y_desc=descs[1], z_desc=descs[2], TMA=descs[0] is not None, **meta)
+        try:
+            launch_kernel(_partials_kernel, st.grid, *st.args, counts, *st.outs, FOLD=fold, x_desc=descs[0],
+                          y_desc=descs[1], z_desc=descs[2], TMA=descs[0] is not None, **meta)
+        except BaseException:
+            drop_fold_counters(kept)
+            raise
     if not fold:
         m, heads = st.meta, max(t.shape[1] for t in xs)
         launch_kernel(
