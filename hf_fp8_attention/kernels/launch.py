@@ -44,7 +44,7 @@ except ImportError:  # Triton without Gluon
 
 DIRECT_LAUNCH_ENV = "HF_FP8_ATTENTION_DIRECT_LAUNCH"
 # The direct path on (True) or off (False) in this process whatever the environment says; None: the
-# environment variable decides.
+# environment variable where set, else the default (default_direct_launch).
 DIRECT_LAUNCH: bool | None = None
 # The Triton releases (major, minor) whose specialization and launcher the direct path's key and
 # calls are tested against (tests/test_launch.py): there it is on unless the environment says 0.
@@ -110,7 +110,8 @@ def direct_launch_enabled() -> bool:
         return env not in ("", "0")
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = default_direct_launch(triton.__version__, torch.cuda.is_available())
+        # NVIDIA's CUDA only: the key is checked against Triton's NVIDIA backend
+        _DEFAULT = default_direct_launch(triton.__version__, torch.cuda.is_available() and torch.version.hip is None)
     return _DEFAULT
 
 
@@ -145,7 +146,10 @@ class DirectLauncher:
             if getattr(kernel, "pre_run_hooks", None):
                 raise Unkeyable("the kernel has pre-run hooks")
             runtime = self.runtime
-            meta_key = tuple((k, arg_key(v)) if k in runtime else (k, v) for k, v in meta.items())
+            if runtime.isdisjoint(meta):  # constexprs and options only: keyed by value, in one C call
+                meta_key = tuple(meta.items())
+            else:
+                meta_key = tuple((k, arg_key(v)) if k in runtime else (k, v) for k, v in meta.items())
             key = (torch.cuda.current_device(), meta_key, tuple(map(arg_key, args)))
             entry = self.compiled.get(key)  # TypeError: an unhashable keyword value
         except TypeError:  # Unkeyable included

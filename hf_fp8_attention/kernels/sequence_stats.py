@@ -613,11 +613,16 @@ def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | 
 KEEP_FOLD_COUNTERS = True
 # fold_counters' buffers, by (device, stream): int32 zeros between the launches on that stream.
 _FOLD_COUNTERS: dict[tuple, torch.Tensor] = {}
+try:  # the current stream's handle in one call, as Triton's launches read it
+    from torch._C import _cuda_getCurrentRawStream as _current_raw_stream
+except ImportError:  # a torch built without CUDA
+    _current_raw_stream = None
 
 
 def fold_counters(n: int, device: torch.device) -> tuple[torch.Tensor, tuple | None]:
     """``(counters, key)``: ``n`` int32 zeros for the fold's counters of one partials launch, and the
-    key under which they are kept (None: fresh zeros, kept nowhere).
+    key under which they are kept (None: fresh zeros, kept nowhere; always so with
+    :data:`KEEP_FOLD_COUNTERS` off).
 
     Each folding program sets its counter back to zero (:func:`chunk_partials`), so a launch leaves
     its counters as it found them: one buffer per (device, stream) serves launch after launch
@@ -630,7 +635,9 @@ def fold_counters(n: int, device: torch.device) -> tuple[torch.Tensor, tuple | N
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return torch.zeros(n, dtype=torch.int32, device=device), None
-        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        stream = (_current_raw_stream(device.index) if _current_raw_stream is not None
+                  else torch.cuda.current_stream(device).cuda_stream)
+        key = (device.index, stream)
     else:
         key = (device.type, device.index)
     kept = _FOLD_COUNTERS.get(key)
