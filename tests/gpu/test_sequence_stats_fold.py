@@ -127,3 +127,39 @@ def test_transposed_rotation_matches_the_row_form(name, monkeypatch):
         again = _stats(xs, cu, True, monkeypatch, transposed=True)
         for g, a in zip(got, again):
             assert all(torch.equal(x, y) for x, y in zip(g, a)), "the transposed statistics changed between calls"
+
+
+def test_kept_fold_counters_serve_a_side_stream_and_a_captured_graph(monkeypatch):
+    """The fold counters kept between launches (``KEEP_FOLD_COUNTERS``): the statistics are those of
+    fresh zeros, on the default stream, on a side stream (its own buffer) and replayed from a CUDA
+    graph (fresh zeros captured, no buffer kept); every kept buffer is all zeros after its launches."""
+    xs, cu = _operands("dense_d128_8k")  # dense: no length sync, so it can be captured
+    monkeypatch.setattr(sequence_stats_module, "_FOLD_COUNTERS", {})
+    monkeypatch.setattr(sequence_stats_module, "KEEP_FOLD_COUNTERS", False)
+    want = _stats(xs, cu, True, monkeypatch)
+    assert not sequence_stats_module._FOLD_COUNTERS
+    monkeypatch.setattr(sequence_stats_module, "KEEP_FOLD_COUNTERS", True)
+
+    def same(out):
+        return all(torch.equal(a, b) for st, w in zip(out, want) for a, b in zip(st, w))
+
+    for _ in range(3):
+        assert same(_stats(xs, cu, True, monkeypatch)), "kept counters changed the statistics"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            out = sequence_stats(xs, NEEDS, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    assert same(out), "the side stream's statistics differ"
+    assert len(sequence_stats_module._FOLD_COUNTERS) == 2, "one buffer per stream"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sequence_stats(xs, NEEDS, cu_seqlens=cu)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same(captured), "the replayed statistics differ"
+    assert len(sequence_stats_module._FOLD_COUNTERS) == 2, "a capture keeps no buffer"
+    for kept in sequence_stats_module._FOLD_COUNTERS.values():
+        assert int(kept.abs().sum()) == 0, "a kept buffer left counters counted"
