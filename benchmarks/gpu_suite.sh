@@ -49,6 +49,9 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   # The launch path's host time, Triton's and the direct one (HF_FP8_ATTENTION_DIRECT_LAUNCH).
   python benchmarks/launch_path.py 2>&1 | tee "$OUT/launch_path.log"
   bench_rc=$(( bench_rc || PIPESTATUS[0] ))
+  # One fwd+bwd's host time, forward and backward apart, direct path off / on, and where it goes.
+  python benchmarks/experiments/direct_launch_host_split.py > "$OUT/direct_launch_host_split.log" 2>&1
+  bench_rc=$(( bench_rc || $? ))
 fi
 echo "gpu_suite: pytest rc=$test_rc, bench rc=$bench_rc"
 exit $(( test_rc != 0 || bench_rc != 0 ))
