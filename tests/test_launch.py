@@ -250,7 +250,7 @@ def test_launcher_follows_the_switch_the_environment_then_the_default_and_never_
         monkeypatch.setattr(launch_mod, "_DEFAULT", default)
         assert (launcher(kernel) is not None) is default
     monkeypatch.setattr(launch_mod, "_DEFAULT", None)  # found afresh: this machine's
-    expected = default_direct_launch(triton.__version__, torch.cuda.is_available() and torch.version.hip is None)
+    expected = default_direct_launch(triton.__version__, launch_mod.nvidia_cuda_available())
     assert (launcher(kernel) is not None) is expected
     monkeypatch.setenv(DIRECT_LAUNCH_ENV, "0")
     assert launcher(kernel) is None

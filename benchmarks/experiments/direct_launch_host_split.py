@@ -28,31 +28,35 @@ from hf_fp8_attention.kernels import launch
 SHAPES = {"llama8k": (8192, 16, 8, 128), "smollm2_2k": (2048, 9, 3, 64)}  # tokens, q heads, kv heads, dim
 
 
-def host_us(fn, n: int = 100, every: int = 10) -> float:
-    """Median host µs of ``fn()`` over ``n`` calls, the device synced (untimed) every ``every``."""
+def median_us(timed, n: int = 100, every: int = 10) -> float:
+    """Median of the seconds ``timed()`` reports over ``n`` calls, in µs, the device synced (untimed)
+    every ``every``."""
     times = []
     for i in range(n):
         if i % every == 0:
             torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+        times.append(timed())
     torch.cuda.synchronize()
     return 1e6 * statistics.median(times)
 
 
-def backward_host_us(q, k, v, dout, cfg, n: int = 100, every: int = 10) -> float:
+def host_us(fn) -> float:
+    """Median host µs of ``fn()``."""
+    def timed():
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    return median_us(timed)
+
+
+def backward_host_us(q, k, v, dout, cfg) -> float:
     """Median host µs of ``.backward`` alone (its forward untimed)."""
-    times = []
-    for i in range(n):
-        if i % every == 0:
-            torch.cuda.synchronize()
+    def timed():
         out = fp8_attention(q, k, v, causal=True, config=cfg)
         t = time.perf_counter()
         out.backward(dout)
-        times.append(time.perf_counter() - t)
-    torch.cuda.synchronize()
-    return 1e6 * statistics.median(times)
+        return time.perf_counter() - t
+    return median_us(timed)
 
 
 def profiles(fwd_bwd) -> None:

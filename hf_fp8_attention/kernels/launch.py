@@ -97,6 +97,11 @@ def default_direct_launch(version: str, cuda: bool) -> bool:
     return cuda and DIRECT_TRITON[0] <= triton_release(version) <= DIRECT_TRITON[1]
 
 
+def nvidia_cuda_available() -> bool:
+    """A CUDA device under NVIDIA's CUDA (not HIP): the key is checked against Triton's NVIDIA backend."""
+    return torch.cuda.is_available() and torch.version.hip is None
+
+
 _DEFAULT: bool | None = None  # this process's default_direct_launch, found at its first launch
 
 
@@ -110,8 +115,7 @@ def direct_launch_enabled() -> bool:
         return env not in ("", "0")
     global _DEFAULT
     if _DEFAULT is None:
-        # NVIDIA's CUDA only: the key is checked against Triton's NVIDIA backend
-        _DEFAULT = default_direct_launch(triton.__version__, torch.cuda.is_available() and torch.version.hip is None)
+        _DEFAULT = default_direct_launch(triton.__version__, nvidia_cuda_available())
     return _DEFAULT
 
 
@@ -196,4 +200,5 @@ def launch(kernel, grid: tuple, *args, **meta) -> None:
 
 
 __all__ = ["DIRECT_LAUNCH", "DIRECT_LAUNCH_ENV", "DIRECT_TRITON", "DirectLauncher", "Unkeyable", "arg_key",
-           "default_direct_launch", "direct_launch_enabled", "launch", "launcher", "triton_release"]
+           "default_direct_launch", "direct_launch_enabled", "launch", "launcher", "nvidia_cuda_available",
+           "triton_release"]

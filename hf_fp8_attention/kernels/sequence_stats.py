@@ -630,11 +630,10 @@ def fold_counters(n: int, device: torch.device) -> tuple[torch.Tensor, tuple | N
     share one). Fresh zeros while the current stream is captured into a CUDA graph (a buffer from
     the graph's pool must not outlive it in the eager calls). A launch that raises drops the kept
     buffer (:func:`drop_fold_counters`): it may have left counters counted."""
-    if not KEEP_FOLD_COUNTERS:
+    cuda = device.type == "cuda"
+    if not KEEP_FOLD_COUNTERS or (cuda and torch.cuda.is_current_stream_capturing()):
         return torch.zeros(n, dtype=torch.int32, device=device), None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(n, dtype=torch.int32, device=device), None
+    if cuda:
         stream = (_current_raw_stream(device.index) if _current_raw_stream is not None
                   else torch.cuda.current_stream(device).cuda_stream)
         key = (device.index, stream)
