@@ -110,10 +110,11 @@ def parse_args(argv=None):
     if bad:
         p.error(f"unknown modes {sorted(bad)}; choose from {sorted(FLOP_FACTOR)}")
     bad = {c.split("+")[0] for c in args.configs} - set(RECIPES)
-    bad |= {m for c in args.configs for m in c.split("+")[1:]} - set(LOGIT_MODS) - set(CONFIG_FLAGS)
+    # (field=value parts, e.g. +block_k=256, recipe_config checks below)
+    bad |= {m for c in args.configs for m in c.split("+")[1:] if "=" not in m} - set(LOGIT_MODS) - set(CONFIG_FLAGS)
     if bad:
         p.error(f"unknown configs or modifiers {sorted(bad)}; choose from {sorted(RECIPES)}, "
-                f"each optionally with +{' / +'.join((*LOGIT_MODS, *CONFIG_FLAGS))}")
+                f"each optionally with +{' / +'.join((*LOGIT_MODS, *CONFIG_FLAGS))} or +field=value")
     for c in args.configs:
         try:
             recipe_config(c, skip=LOGIT_MODS)

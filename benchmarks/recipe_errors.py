@@ -126,9 +126,11 @@ def main(argv=None) -> int:
         parser.error("--promote-accumulation sets how the kernels compile: it needs --backend triton")
     accumulation = apply_accumulation_option(parser, args)
     overrides = dict(item.split("=", 1) for item in args.set)
-    for key, value in overrides.items():  # booleans arrive as text
+    for key, value in overrides.items():  # booleans and integers (block_k=256) arrive as text
         if value in ("True", "False"):
             overrides[key] = value == "True"
+        elif value.isdigit():
+            overrides[key] = int(value)
     device = BACKEND_DEVICE[args.backend]
     results, refused = {}, None
     if overrides:

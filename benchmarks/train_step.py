@@ -54,7 +54,8 @@ from hf_fp8_attention import RECIPES, register_fp8_attention  # noqa: E402
 from hf_fp8_attention.integration import DEFAULT_BACKENDS  # noqa: E402
 from bench_attention import environment, write_results  # noqa: E402
 from model_step import build_model  # noqa: E402
-from recipe_names import SCHEDULE_FLAGS, add_schedule_options, apply_schedule_options  # noqa: E402
+from recipe_names import (SCHEDULE_FLAGS, add_schedule_options, apply_schedule_options,  # noqa: E402
+                          recipe_config)
 
 MODELS = {
     "llama0.9b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
@@ -84,9 +85,12 @@ def model_config(name: str, tiny: bool) -> LlamaConfig:
 
 
 def register_attention(names) -> None:
-    """Register every FP8 recipe name asked for that ``import hf_fp8_attention`` did not."""
+    """Register every FP8 recipe name asked for that ``import hf_fp8_attention`` did not, and each
+    recipe with options (``recipe+field=value``, :func:`recipe_names.recipe_config`) under that name."""
     for name in names:
-        if name in RECIPES and name not in DEFAULT_BACKENDS:
+        if "+" in name:
+            register_fp8_attention(name, recipe_config(name))
+        elif name in RECIPES and name not in DEFAULT_BACKENDS:
             register_fp8_attention(name, name)
 
 

@@ -57,10 +57,16 @@ def test_the_statistics_kernel_runs_the_matched_delta_without_sinks():
 
 def test_the_forward_kernel_needs_the_recipes_key_tile():
     """The codes of P are relative to each key tile's own maximum (forward.py), so the kernel's
-    128-key tiles must be the recipe's."""
-    assert "key tiles of 64" in _reason(config=FAST.replace(block_k=64), module=forward_gluon)
+    key tiles (128 or 256: forward_gluon.BLOCK_NS) must be the recipe's, and whole."""
+    assert "key tiles of 64 (built for 128 and 256)" in _reason(config=FAST.replace(block_k=64), module=forward_gluon)
     assert "need multiples of 128 / 128" in _reason(shape_q=(1, 2, 64, 128), shape_k=(1, 2, 256, 128),
                                                     mask=MaskSpec(), module=forward_gluon)
+    tiles_256 = FAST.replace(block_k=256)
+    assert _reason(config=tiles_256, module=forward_gluon) is None
+    assert "need multiples of 128 / 256" in _reason(shape_q=(1, 2, 384, 128), shape_k=(1, 2, 384, 128),
+                                                    config=tiles_256, module=forward_gluon)
+    assert forward_gluon.ring_stages(128) == forward_gluon.STAGES
+    assert forward_gluon.ring_stages(256) == min(forward_gluon.STAGES, forward_gluon.STAGES_256)
 
 
 def test_scopes_differ_in_head_dims_and_lengths():

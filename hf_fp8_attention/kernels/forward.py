@@ -650,11 +650,11 @@ def triton_forward(
             q_head_amax = None if q_stats[0] is None else q_stats[0].row_amax
             forward_gluon.gluon_forward(None, None, k_codes, k_scales, vt_codes, v_scales, out, lse, groups=hq // hkv,
                                         qk_scale=qk_scale, slack=REF_SLACK, causal=bool(mask.causal), q=q,
-                                        q_head_amax=q_head_amax, pow2=config.pow2_scales)
+                                        q_head_amax=q_head_amax, pow2=config.pow2_scales, block_n=bn)
         else:
             forward_gluon.gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse,
                                         groups=hq // hkv, qk_scale=qk_scale, slack=REF_SLACK,
-                                        causal=bool(mask.causal))
+                                        causal=bool(mask.causal), block_n=bn)
         return out, lse
     if max(rows, 0) == 0:
         return out, lse

@@ -36,8 +36,9 @@ conversion. That launch read Q and wrote its copy for this kernel alone (the bac
 again); here Q is read once and the copy is never written.
 
 One program per (128 queries, batch · query head); causal programs with the most key tiles first.
-Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 (``config.block_k``,
-which sets the codes of P), head dims 64 and 128 (``HEAD_DIMS``), dense batches, query and key lengths multiples of 128,
+Scope (:func:`scope_reason`): the block-free recipes in E4M3, key tiles of 128 or 256 (``config.block_k``,
+which sets the codes of P; :data:`BLOCK_NS`), head dims 64 and 128 (``HEAD_DIMS``), dense batches, query
+lengths multiples of 128 and key lengths multiples of the key tile,
 causal only with as many queries as keys, no soft-cap, sinks or K-smoothing row constant.
 ``forward.GLUON_FORWARD`` lists the head dims it runs at.
 """
@@ -69,6 +70,14 @@ if gluon is not None:
 HEAD_DIMS = (64, 128)
 HALF_Q, BLOCK_N, STAGES = 64, 128, 3  # queries per consumer warpgroup; keys per tile; ring depth
 BLOCK_M = 2 * HALF_Q
+# Key tiles the kernel is built for (``config.block_k``, which sets P's codes: each tile's scores are
+# taken against the tile's own reference r_T). At 256 the ring holds STAGES_256 slots (three of K's
+# and Vᵀ's 32 KB tiles, with Q's codes and the Hadamard matrix, pass the 227 KB of shared memory);
+# offline (sm_90a, Triton 3.6) the persistent kernel's interior loop then issues 755 instructions a
+# 256-key tile against 436 a 128-key one (the row reductions, O's rescale and the waits once per
+# 256 keys), with no spills in it.
+BLOCK_NS = (128, 256)
+STAGES_256 = 2
 # Q's codes as the register A operand of S (True), or read by that MMA from shared memory, where
 # TMA put them (False: 16 registers per thread fewer).
 Q_IN_REGISTERS = False
@@ -126,6 +135,11 @@ P_IN_PLACE = True
 TREE_REDUCTIONS = False
 
 
+def ring_stages(block_n: int) -> int:
+    """The ring's depth for key tiles of ``block_n``: ``STAGES`` at 128, ``STAGES_256`` at 256."""
+    return STAGES if block_n == BLOCK_N else min(STAGES, STAGES_256)
+
+
 def _runs_persistent() -> bool:
     """Whether :func:`gluon_forward` launches the persistent kernel (``PERSISTENT``, in its layouts)."""
     return PERSISTENT and not Q_IN_REGISTERS
@@ -167,9 +181,9 @@ def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8Atte
     reason = recipe_reason(shape_q, shape_k, mask, config, mod_meta)
     if reason is None and mod_meta.get("SINK"):
         reason = "attention sinks"
-    if reason is None and config.block_k != BLOCK_N:
-        reason = f"key tiles of {config.block_k} (built for {BLOCK_N})"
-    return reason or shape_reason(shape_q, shape_k, mask, HEAD_DIMS, BLOCK_M, BLOCK_N)
+    if reason is None and config.block_k not in BLOCK_NS:
+        reason = f"key tiles of {config.block_k} (built for {' and '.join(map(str, BLOCK_NS))})"
+    return reason or shape_reason(shape_q, shape_k, mask, HEAD_DIMS, BLOCK_M, config.block_k)
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config: FP8AttentionConfig,
@@ -181,7 +195,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, mask: MaskSpec, config:
 
 def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out, lse, *, groups: int,
                   qk_scale: float, slack: float, causal: bool, q: torch.Tensor | None = None,
-                  q_head_amax: torch.Tensor | None = None, pow2: bool = False) -> None:
+                  q_head_amax: torch.Tensor | None = None, pow2: bool = False, block_n: int = BLOCK_N) -> None:
     """Fill ``out`` (B, Hq, Sq, 128) (contiguous; with ``TOKEN_MAJOR_OUT`` any strides whose channels
     are contiguous) and ``lse`` (B, Hq, Sq) fp32 from the forward's FP8 copies (forward.py's
     ``triton_forward``):
@@ -198,7 +212,10 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     ``q`` (B, Hq, Sq, 128) bf16 / fp16, channels contiguous (:func:`q_quantization_reason`): the kernel
     makes Q's codes itself, ``q_codes`` and ``q_scales`` are not read (None); ``q_head_amax`` (B, Hq)
     fp32, the rotated Q's amax per (sequence, head) (the statistics launch's ``row_amax``), gives one
-    scale per head, None one per token; ``pow2``: the recipe's power-of-two scales."""
+    scale per head, None one per token; ``pow2``: the recipe's power-of-two scales; ``block_n``: keys
+    per tile, ``config.block_k`` (:data:`BLOCK_NS`)."""
+    if block_n not in BLOCK_NS:
+        raise ValueError(f"gluon_forward: key tiles of {block_n} (built for {' and '.join(map(str, BLOCK_NS))})")
     b, hq, sq, d = (q_codes if q is None else q).shape
     sk = k_codes.shape[2]
     if out.stride(-1) != 1 or not (TOKEN_MAJOR_OUT or out.is_contiguous()):
@@ -210,20 +227,21 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         if q.stride(-1) != 1:
             raise ValueError(f"gluon_forward: Q's channels must be contiguous, got strides {tuple(q.stride())}")
         q_desc, h_desc, q_in = None, _hadamard_descriptor(d, q.device, q.dtype), (q, *q.stride()[:3])
-    descs = (q_desc, descriptor(k_codes.view(-1, d), (BLOCK_N, d)),
-             descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, BLOCK_N)))
+    descs = (q_desc, descriptor(k_codes.view(-1, d), (block_n, d)),
+             descriptor(vt_codes.view(-1, vt_codes.shape[-1]), (d, block_n)))
     if _runs_persistent():
         forward_persistent.launch(descs, h_desc, q, q_head_amax, q_scales, k_scales, v_scales, out, lse, b=b, hq=hq,
                                   sq=sq, sk=sk, groups=groups, qk_scale=qk_scale, slack=slack, causal=causal,
-                                  pow2=pow2)
+                                  pow2=pow2, block_n=block_n)
         return
     q_amax = k_scales if q_head_amax is None else q_head_amax  # read only with one scale per head
     launch_kernel(_fwd_kernel, (sq // BLOCK_M, b * hq),
         *descs, h_desc, *q_in, q_amax, k_scales if q_scales is None else q_scales, k_scales, v_scales, out,
         *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
         qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,
-        OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal,
-        HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG, STAGES=STAGES,
+        OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=block_n, D=d, CAUSAL=causal,
+        HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG,
+        STAGES=ring_stages(block_n),
         LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), P_IN_PLACE=P_IN_PLACE, TREE=TREE_REDUCTIONS,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
 
@@ -568,6 +586,6 @@ if gluon is not None:
 
 from . import forward_persistent  # noqa: E402
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT", "PINGPONG",
-           "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "gluon_forward", "q_quantization_reason",
-           "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "BLOCK_NS", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT", "PINGPONG",
+           "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "STAGES_256", "gluon_forward",
+           "q_quantization_reason", "ring_stages", "scope_reason", "unsupported_reason"]

@@ -71,11 +71,11 @@ def _q_layout(dtype: torch.dtype, d: int):
 
 def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, k_scales, v_scales, out, lse, *,
            b: int, hq: int, sq: int, sk: int, groups: int, qk_scale: float, slack: float, causal: bool,
-           pow2: bool) -> None:
+           pow2: bool, block_n: int) -> None:
     """forward_gluon.gluon_forward's launch, persistent: ``descs`` its (Q's codes or None, K's codes,
     Vᵀ's codes) descriptors, ``h_desc`` the Hadamard matrix's (Q_IN) or None; ``q`` the 16-bit input
     Q where the kernel makes the codes (it must have :func:`q_rows`), else None; the other tensors
-    and numbers as there."""
+    and numbers as there; ``block_n`` keys per tile."""
     n_blk = sq // fg.BLOCK_M
     table, n_prog = launch_table(n_blk, b * hq, sk, causal, fg.head_group(causal), out.device)
     q_in = q is not None
@@ -90,8 +90,8 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
         q_desc, descs[1], descs[2], h_desc, table, q_amax, k_scales if q_scales is None else q_scales, k_scales,
         v_scales, out, *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2], n_blk, rb, rh, ch,
         qk_scale, slack, Q_IN=q_in, Q_HEAD=q_head_amax is not None, POW2=pow2, OUT_STRIDED=fg.TOKEN_MAJOR_OUT,
-        HALF_Q=fg.HALF_Q, BLOCK_N=fg.BLOCK_N, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.MERGED_WAITS,
-        STAGES=fg.STAGES, LOG2_PMAX=fg.LOG2_PMAX, FMA_BOUND=fg.fma_bound(), P_IN_PLACE=fg.P_IN_PLACE,
+        HALF_Q=fg.HALF_Q, BLOCK_N=block_n, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.MERGED_WAITS,
+        STAGES=fg.ring_stages(block_n), LOG2_PMAX=fg.LOG2_PMAX, FMA_BOUND=fg.fma_bound(), P_IN_PLACE=fg.P_IN_PLACE,
         TREE=fg.TREE_REDUCTIONS, PINGPONG=fg.PINGPONG and fg.MERGED_WAITS, CONSUMER_REGS=fg.CONSUMER_REGS,
         PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4, maxnreg=fg.MAXNREG)
 

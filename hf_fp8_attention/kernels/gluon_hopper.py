@@ -374,7 +374,8 @@ if gluon is not None:
         (:func:`scheduled_block`) alike."""
         bh_k = (bh_q // H) * (H // G) + (bh_q % H) // G
         m0 = blk * BLOCK_M
-        t_hi = (m0 + BLOCK_M) // BLOCK_N if CAUSAL else SK // BLOCK_N
+        # causal: through the key tile holding the block's last query (BLOCK_N may exceed BLOCK_M)
+        t_hi = (m0 + BLOCK_M + BLOCK_N - 1) // BLOCK_N if CAUSAL else SK // BLOCK_N
         return bh_q, bh_k, m0, t_hi
 
     @gluon.jit

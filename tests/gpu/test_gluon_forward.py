@@ -12,6 +12,8 @@ its scope, so none can pass on the Triton kernel alone.
   a rounding boundary), and LSE within ``LSE_ABS`` = 1e-5 (|LSE| up to ~20 here, 1e-6 relative).
 - Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
   Hopper's FP8 accumulation).
+- Key tiles of 256 (a recipe with ``block_k=256``; ``forward_gluon.BLOCK_NS``), against the Triton
+  kernel and the emulation at the same ``block_k``, with the same bounds.
 - NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
 - The one-FMA exponent (``exponent.FMA_EXPONENT``, on by default; the tests start from the exact
   form and switch it on where they test it): against the emulation with the same bounds,
@@ -138,6 +140,41 @@ def test_gluon_forward_matches_emulation(shape, recipe, dtype, fma, gluon_calls,
     qkv, mask, scale, inside = _problem(shape, config, dtype, seed=5)
     out, lse = _forward(qkv, mask, scale, config)
     assert gluon_calls[0] == 1 and inside
+    ref, ref_lse = emulated_forward(*(t.float().cpu() for t in qkv), scale=scale, mask=mask, config=config)
+    assert rel_err(out.float().cpu(), ref) <= O_REL, rel_err(out.float().cpu(), ref)
+    assert (lse.cpu() - ref_lse).abs().max().item() <= EMULATION_LSE_ABS
+
+
+@pytest.mark.parametrize("persistent", (True, False), ids=("persistent", "per_block"))
+@pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "causal_many_blocks"])
+def test_gluon_forward_256_key_tiles_match_the_triton_kernel(shape, persistent, gluon_calls, monkeypatch):
+    """A recipe with 256-key tiles (``block_k=256``, forward_gluon.BLOCK_NS): the kernel's tiles are
+    the recipe's, so its outputs are the Triton kernel's at the same block_k, to the bounds above."""
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", persistent)
+    config = RECIPES["fp8_delta_fast"].replace(block_k=256)
+    qkv, mask, scale, inside = _problem(shape, config, torch.bfloat16)
+    out, lse = _forward(qkv, mask, scale, config)
+    assert inside and gluon_calls[0] == 1
+    monkeypatch.setattr(forward, "GLUON_FORWARD", ())
+    want, want_lse = _forward(qkv, mask, scale, config)
+    assert gluon_calls[0] == 1, "the Triton kernel ran"
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    diff = (out.float() - want.float()).abs()
+    assert (diff <= BF16_STEP * want.float().abs()).all(), diff.max().item()
+    assert (lse - want_lse).abs().max().item() <= LSE_ABS
+
+
+@pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
+@pytest.mark.parametrize("recipe", ["fp8_delta_fast", "fp8_delta", "fp8_stale_fast"])
+@pytest.mark.parametrize("shape", ["causal_gqa", "dense_sq_lt_sk", "causal_long"])
+def test_gluon_forward_256_key_tiles_match_emulation(shape, recipe, fma, gluon_calls, monkeypatch):
+    """256-key tiles against the emulation at the same block_k, with the 128-key kernel's bounds;
+    a causal block's last tile then holds its diagonal and, for every other block, keys past it."""
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
+    config = RECIPES[recipe].replace(block_k=256)
+    qkv, mask, scale, inside = _problem(shape, config, torch.bfloat16, seed=5)
+    out, lse = _forward(qkv, mask, scale, config)
+    assert inside and gluon_calls[0] == 1
     ref, ref_lse = emulated_forward(*(t.float().cpu() for t in qkv), scale=scale, mask=mask, config=config)
     assert rel_err(out.float().cpu(), ref) <= O_REL, rel_err(out.float().cpu(), ref)
     assert (lse.cpu() - ref_lse).abs().max().item() <= EMULATION_LSE_ABS
