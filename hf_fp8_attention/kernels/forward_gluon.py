@@ -75,7 +75,8 @@ BLOCK_M = 2 * HALF_Q
 # and Vᵀ's 32 KB tiles, with Q's codes and the Hadamard matrix, pass the 227 KB of shared memory);
 # offline (sm_90a, Triton 3.6) the persistent kernel's interior loop then issues 755 instructions a
 # 256-key tile against 436 a 128-key one (the row reductions, O's rescale and the waits once per
-# 256 keys), with no spills in it.
+# 256 keys), with no spills in it. On the H100 it ran 2-8% slower causal and level non-causal (the loop
+# is not issue-bound; benchmarks/NOTES.md, "Forward"): the recipes keep 128.
 BLOCK_NS = (128, 256)
 STAGES_256 = 2
 # Q's codes as the register A operand of S (True), or read by that MMA from shared memory, where
@@ -586,6 +587,6 @@ if gluon is not None:
 
 from . import forward_persistent  # noqa: E402
 
-__all__ = ["BLOCK_M", "BLOCK_N", "BLOCK_NS", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT", "PINGPONG",
-           "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "STAGES_256", "gluon_forward",
+__all__ = ["BLOCK_M", "BLOCK_N", "BLOCK_NS", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT",
+           "PINGPONG", "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "STAGES_256", "gluon_forward",
            "q_quantization_reason", "ring_stages", "scope_reason", "unsupported_reason"]
