@@ -75,7 +75,7 @@ BLOCK_M = 2 * HALF_Q
 # and Vᵀ's 32 KB tiles, with Q's codes and the Hadamard matrix, pass the 227 KB of shared memory);
 # offline (sm_90a, Triton 3.6) the persistent kernel's interior loop then issues 755 instructions a
 # 256-key tile against 436 a 128-key one (the row reductions, O's rescale and the waits once per
-# 256 keys), with no spills in it. On the H100 it ran 2-8% slower causal and level non-causal (the loop
+# 256 keys), with no spills in it. On the H100 it ran 2-10% slower causal and level non-causal (the loop
 # is not issue-bound; benchmarks/NOTES.md, "Forward"): the recipes keep 128.
 BLOCK_NS = (128, 256)
 STAGES_256 = 2
