@@ -170,6 +170,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
         consts["HEAD_GROUP"] = gluon_hopper.head_group(causal)
     # The kernel's layout and schedule switches, from the module's constants of those names.
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
+    if mod is forward_gluon:  # the forward's waits: merged, and in which order (forward_gluon.merged_mode)
+        consts["MERGED"] = forward_gluon.merged_mode()
     if "FMA_BOUND" in kernel.arg_names:  # the forward's exponent form (exponent.fma_bound)
         consts["FMA_BOUND"] = exponent.fma_bound()
     sig = {name: "i32" for name in kernel.arg_names}
@@ -194,8 +196,9 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
 
 def mma_loops(compiled) -> list[dict]:
     """The innermost loops that issue MMAs (a branch back to a label, over < 700 instructions): per
-    loop its instruction, MMA, MMA-wait, local-memory (spill) and shuffle counts, from the SASS. As
-    many waits as MMAs: ptxas serialised the wgmmas (its C751x performance notes)."""
+    loop its instruction, MMA, MMA-wait, local-memory (spill) and shuffle counts, from the SASS, and
+    the exponentials (MUFU.EX2) between its first two waits. As many waits as MMAs: ptxas
+    serialised the wgmmas (its C751x performance notes)."""
     labels, ins, loops = {}, [], []
     for line in _sass_text(compiled).splitlines():
         line = line.strip()
@@ -207,8 +210,11 @@ def mma_loops(compiled) -> list[dict]:
             if target and target.group(1) in labels:
                 body = ins[labels[target.group(1)]:]
                 if any("GMMA" in x for x in body) and len(body) < 700:
+                    waits = [i for i, x in enumerate(body) if "WARPGROUP.DEPBAR" in x]
                     loops.append(dict(instructions=len(body), mma=sum("GMMA" in x for x in body),
-                                      waits=sum("WARPGROUP.DEPBAR" in x for x in body),
+                                      waits=len(waits),
+                                      ex2_between_waits=sum("MUFU.EX2" in x for x in body[waits[0]:waits[1]])
+                                      if len(waits) > 1 else 0,
                                       stl=sum("STL" in x for x in body), ldl=sum("LDL" in x for x in body),
                                       shfl=sum("SHFL" in x for x in body), max_chain=_chain(body, "FMNMX"),
                                       add_chain=_chain(body, "FADD")))

@@ -143,6 +143,14 @@ def test_compiles_for_sm90():
     # and the persistent forward with the warpgroups' ping-pong (forward_gluon.PINGPONG) and the trees
     assert {r["d"] for r in rows if r["kernel"] == "fwd_persistent" and r["layout"] and "pingpong" in r["layout"]
             and r["tree"]} == set(forward_gluon.HEAD_DIMS)
+    # FlashAttention-3's order within a warpgroup (forward_gluon.PV_UNDER_SCORES): two waits a tile, and
+    # a tile's 64 exponentials (64 queries x 128 keys on 128 threads) between them, under the P·V in
+    # flight; without gluon_hopper.cta_fence ptxas issues the second wait right after the first
+    pv_under = [r for r in rows if r["layout"] == "q_shared_pv_under_s3"]
+    assert {r["d"] for r in pv_under} == set(forward_gluon.HEAD_DIMS)
+    per_thread = forward_gluon.HALF_Q * forward_gluon.BLOCK_N // 128
+    assert all(loop["waits"] == 2 and loop["ex2_between_waits"] >= per_thread
+               for r in pv_under for loop in r["mma_loops"]), pv_under
     # P's codes reach P·V from the registers they were computed in (gluon_hopper.a_operand_in_place): the
     # forward's loops shuffle only for the two rows' max and sum (2 rows x 2 steps x 2 reductions)
     assert all(loop["shfl"] <= 8 for r in rows if r["kernel"].startswith("fwd") for loop in r["mma_loops"]), rows

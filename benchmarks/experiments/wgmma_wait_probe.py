@@ -3,18 +3,20 @@
 FlashAttention-3's order within a warpgroup issues tile t + 1's S and tile t's P·V, waits for S alone
 (``wgmma.wait_group 1``), works on the scores (row maxima with shuffles, exponentials, sums) while
 P·V runs, and only then waits for P·V (``wgmma.wait_group 0``). The Gluon forward in that order
-(``gluon_forward_pv_under_scores.diff``) got the second wait issued before its exponentials. This
+(``forward_gluon.PV_UNDER_SCORES``) first got the second wait issued before its exponentials. This
 probe writes the bare pattern as PTX: two m64n128 wgmmas (S into %a, O into %c), ``wait_group 1``, a
 softmax-like pass over %a (two row maxima over 32 values each, quad shuffles unless ``--no-shuffles``,
 64 exponentials, their sum), ``wait_group 0``, then O used. It compiles it with the ptxas that
 Triton bundles (or ``--ptxas PATH``) for sm_90a and prints the SASS order of the MMAs (G), waits
 (W1 / W0), shuffles (s), exponentials (e, counted) and other instructions (counted as ".n").
 
-    python benchmarks/experiments/wgmma_wait_probe.py [--f16] [--no-shuffles] [--ptxas PATH]
+    python benchmarks/experiments/wgmma_wait_probe.py [--f16] [--no-shuffles] [--fence INSTR] [--ptxas PATH]
 
-Measured (benchmarks/NOTES.md, "Tried and not kept"): ptxas 12.8, 12.9 and 13.5 issue W0 six
-instructions after W1, before every shuffle and exponential, for e4m3 and f16 operands alike, with
-the shuffles or without.
+``--fence INSTR``: a PTX instruction put just before ``wait_group 0`` (e.g. ``fence.acq_rel.cta``).
+Measured (benchmarks/NOTES.md, "Forward"): ptxas 12.8, 12.9 and 13.5 issue W0 six instructions after
+W1, before every shuffle and exponential, for e4m3 and f16 operands alike, with the shuffles or
+without; behind ``fence.acq_rel.cta`` (or ``membar.cta``, ``fence.sc.cta``) W0 stays after all 64
+exponentials, behind ``fence.proxy.async`` or ``bar.sync`` it does not.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ import subprocess
 import tempfile
 
 
-def probe_ptx(f16: bool, shuffles: bool) -> str:
-    """The PTX of the probe kernel (see the module docstring)."""
+def probe_ptx(f16: bool, shuffles: bool, fence: str = "") -> str:
+    """The PTX of the probe kernel (see the module docstring); ``fence``: an instruction before the
+    second wait, or none."""
     shape = "m64n128k16.f32.f16.f16" if f16 else "m64n128k32.f32.e4m3.e4m3"
     tail = ", 1, 1, 0, 0;" if f16 else ", 1, 1;"  # f16 takes the transpose immediates too
     a = ",".join(f"%a{i}" for i in range(64))
@@ -56,7 +59,7 @@ def probe_ptx(f16: bool, shuffles: bool) -> str:
     lines += [f"mul.f32 %e{i}, %e{i}, %s1;" for i in range(64)]
     lines += [f"ex2.approx.ftz.f32 %e{i}, %e{i};" for i in range(64)]
     lines += ["add.f32 %m5, %e0, %e1;"] + [f"add.f32 %m5, %m5, %e{i};" for i in range(2, 64)]
-    lines += ["wgmma.wait_group.sync.aligned 0;"]
+    lines += ([f"{fence.rstrip(';')};"] if fence else []) + ["wgmma.wait_group.sync.aligned 0;"]
     lines += [f"fma.rn.f32 %c{i}, %c{i}, %m5, %e{i};" for i in range(64)]
     lines += ["add.f32 %m6, %c0, %c1;"] + [f"add.f32 %m6, %m6, %c{i};" for i in range(2, 64)]
     lines += ["st.global.f32 [%rd6], %m6;", "ret;", "}"]
@@ -87,6 +90,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--f16", action="store_true", help="f16 operands instead of e4m3")
     parser.add_argument("--no-shuffles", action="store_true", help="the row maxima without the quad shuffles")
+    parser.add_argument("--fence", default="", help="a PTX instruction before the second wait, e.g. fence.acq_rel.cta")
     parser.add_argument("--ptxas", default=None, help="ptxas to use (default: the one Triton bundles)")
     args = parser.parse_args(argv)
     import triton  # only for its bundled tools' path
@@ -96,12 +100,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "probe.ptx"), os.path.join(tmp, "probe.cubin")
         with open(ptx, "w") as f:
-            f.write(probe_ptx(args.f16, not args.no_shuffles))
+            f.write(probe_ptx(args.f16, not args.no_shuffles, args.fence))
         version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         subprocess.run([ptxas, "-arch=sm_90a", ptx, "-o", cubin], check=True)
         sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin], capture_output=True, text=True,
                               check=True).stdout
-    print(f"{version}; {'f16' if args.f16 else 'e4m3'}, shuffles {'off' if args.no_shuffles else 'on'}")
+    print(f"{version}; {'f16' if args.f16 else 'e4m3'}, shuffles {'off' if args.no_shuffles else 'on'}, "
+          f"fence {args.fence or 'none'}")
     print(sass_order(sass))
     return 0
 

@@ -59,9 +59,9 @@ from .quantize import cvt_mode, hadamard_operand
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_codes, a_operand_layout, e4m3_codes, fence_async_shared, gl, lane_partials, lanes_to_rows, mbarrier,
-        mma_layout, mul_rn, per_lane, query_block, query_side_producer, ring_barriers, row_amax_nan, row_reduce,
-        scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_codes, a_operand_layout, cta_fence, e4m3_codes, fence_async_shared, gl, lane_partials, lanes_to_rows,
+        mbarrier, mma_layout, mul_rn, per_lane, query_block, query_side_producer, ring_barriers, row_amax_nan,
+        row_reduce, scale_from_amax, thread_barrier, warpgroup_mma, warpgroup_mma_wait,
     )
 
 # Head dims the kernel is built for; forward.GLUON_FORWARD lists those it runs at. At 64 (offline,
@@ -86,6 +86,13 @@ Q_IN_REGISTERS = False
 # P·V (False). On the H200 (fast recipe, B·S = 16k, H = 16): the kernel 760 -> 725 us at 8k causal
 # (716 with 3 ring slots), the forward 2-7% faster than with two waits (benchmarks/NOTES.md, "Forward").
 MERGED_WAITS = True
+# With MERGED_WAITS, FlashAttention-3's order within a warpgroup (:func:`_consumer_tiles_pv_under`):
+# tile t + 1's S issued before tile t's P·V and waited for alone, so that tile t + 1's exponentials
+# run while P·V does; the same bits. Offline (sm_90a, Triton 3.6, the persistent kernel) its interior
+# loop issues 456 instructions a tile against 436, all 66 exponentials between the two waits (a CTA
+# fence keeps ptxas from issuing the second wait early: gluon_hopper.cta_fence). Not yet timed on a
+# GPU (benchmarks/NOTES.md, "Forward"): off until it is.
+PV_UNDER_SCORES = False
 # Ping-pong of the two consumer warpgroups (FlashAttention-3's warp-scheduler barriers; merged waits
 # only): each waits for its turn before issuing a tile's products and hands the turn over after
 # issuing them, so the tensor cores take one warpgroup's products whole, then the other's, and the
@@ -101,10 +108,11 @@ PINGPONG = False
 TOKEN_MAJOR_OUT = True
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
-LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "PINGPONG")
-LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False), "q_shared_merged": (False, True, 2, False),
-           "q_shared": (False, False, 2, False), "q_registers": (True, False, 2, False),
-           "q_shared_merged_s3_pingpong": (False, True, 3, True)}
+LAYOUT_CONSTANTS = ("Q_IN_REGISTERS", "MERGED_WAITS", "STAGES", "PINGPONG", "PV_UNDER_SCORES")
+LAYOUTS = {"q_shared_merged_s3": (False, True, 3, False, False), "q_shared_merged": (False, True, 2, False, False),
+           "q_shared": (False, False, 2, False, False), "q_registers": (True, False, 2, False, False),
+           "q_shared_merged_s3_pingpong": (False, True, 3, True, False),
+           "q_shared_pv_under_s3": (False, True, 3, False, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 # Q's codes made by the kernel from the input Q (module docstring) where Q is rotated and 16-bit
 # (:func:`q_quantization_reason`), instead of by a quantization launch before it. Causal calls only,
@@ -139,6 +147,12 @@ TREE_REDUCTIONS = False
 def ring_stages(block_n: int) -> int:
     """The ring's depth for key tiles of ``block_n``: ``STAGES`` at 128, ``STAGES_256`` at 256."""
     return STAGES if block_n == BLOCK_N else min(STAGES, STAGES_256)
+
+
+def merged_mode() -> int | bool:
+    """The kernels' MERGED constexpr: 2 for the merged waits in FlashAttention-3's order
+    (``PV_UNDER_SCORES``), else ``MERGED_WAITS``."""
+    return 2 if MERGED_WAITS and PV_UNDER_SCORES else MERGED_WAITS
 
 
 def _runs_persistent() -> bool:
@@ -217,6 +231,8 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
     per tile, ``config.block_k`` (:data:`BLOCK_NS`)."""
     if block_n not in BLOCK_NS:
         raise ValueError(f"gluon_forward: key tiles of {block_n} (built for {' and '.join(map(str, BLOCK_NS))})")
+    if PINGPONG and merged_mode() == 2:
+        raise ValueError("gluon_forward: PINGPONG takes turns in the merged loop only, not with PV_UNDER_SCORES")
     b, hq, sq, d = (q_codes if q is None else q).shape
     sk = k_codes.shape[2]
     if out.stride(-1) != 1 or not (TOKEN_MAJOR_OUT or out.is_contiguous()):
@@ -241,7 +257,7 @@ def gluon_forward(q_codes, q_scales, k_codes, k_scales, vt_codes, v_scales, out,
         *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2],
         qk_scale, slack, Q_IN=q is not None, Q_HEAD=q_head_amax is not None, POW2=pow2,
         OUT_STRIDED=TOKEN_MAJOR_OUT, HALF_Q=HALF_Q, BLOCK_N=block_n, D=d, CAUSAL=causal,
-        HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=MERGED_WAITS, PINGPONG=PINGPONG,
+        HEAD_GROUP=head_group(causal), Q_REGS=Q_IN_REGISTERS, MERGED=merged_mode(), PINGPONG=PINGPONG,
         STAGES=ring_stages(block_n),
         LOG2_PMAX=LOG2_PMAX, FMA_BOUND=fma_bound(), P_IN_PLACE=P_IN_PLACE, TREE=TREE_REDUCTIONS,
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
@@ -290,12 +306,12 @@ if gluon is not None:
         return gl.convert_layout(scale, rows_s)
 
     @gluon.jit
-    def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
-                      LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
-                      FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
-        """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
-        forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score, or,
-        FMA_EXP, each exponent as one FMA from the log2 units (module docstring)."""
+    def _tile_scores(x, t, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
+                     LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                     FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr, CODES: gl.constexpr):
+        """Key tile t's scores ``x`` into (p, O's rescale factor γ per row, l, m, r): :func:`_softmax_tile`
+        but for O's rescale (:func:`_rescale`), which the caller applies; p as P's codes in P·V's A
+        operand (CODES) or in fp32 in S's layout (:func:`_consumer_tiles_pv_under` makes the codes)."""
         if MASKED:
             keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             x = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), x, float("-inf"))
@@ -315,11 +331,28 @@ if gluon is not None:
             l_i = l_i * per_lane(gamma, l_i) + lane_partials(p, "sum")
         else:
             l_i = l_i * gamma + gl.sum(p, 1)
-        p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
-        # gamma's rows in O's accumulator (the same registers: both MMA layouts hold a row in one
-        # quad of lanes, whatever their N; at D = 128 the layouts are the same)
+        if CODES:
+            p = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
+        return p, gamma, l_i, m_new, r_t
+
+    @gluon.jit
+    def _rescale(acc, gamma):
+        """O's accumulator ``acc`` with each row scaled by ``gamma`` (S's row layout): gamma's rows in
+        O's accumulator are the same registers (both MMA layouts hold a row in one quad of lanes,
+        whatever their N; at D = 128 the layouts are the same)."""
         gamma_o = gl.convert_layout(gamma, gl.SliceLayout(1, acc.type.layout), assert_trivial=True)
-        return p8, acc * gl.expand_dims(gamma_o, 1), l_i, m_new, r_t
+        return acc * gl.expand_dims(gamma_o, 1)
+
+    @gluon.jit
+    def _softmax_tile(x, t, acc, l_i, m_i, r_i, queries, q2, slack_x, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
+                      LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                      FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+        """Key tile t's scores ``x`` into (P's codes as the A operand of P·V, acc rescaled, l, m, r):
+        forward.py's ``_visit_tiles`` with K_HEAD and V_SEQ, the same fp32 operations per score, or,
+        FMA_EXP, each exponent as one FMA from the log2 units (module docstring)."""
+        p8, gamma, l_i, m_i, r_i = _tile_scores(x, t, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N, LOG2_PMAX,
+                                                s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE, True)
+        return p8, _rescale(acc, gamma), l_i, m_i, r_i
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
@@ -395,14 +428,81 @@ if gluon is not None:
         return acc, l_i, m_i, r_i
 
     @gluon.jit
+    def _pv_under_step(t, c0, acc, p, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2, slack_x,
+                       MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr,
+                       s_layout: gl.constexpr, pa_layout: gl.constexpr, FMA_EXP: gl.constexpr,
+                       P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+        """One step of :func:`_consumer_tiles_pv_under`: tile t's codes from its p (fp32), tile t + 1's S
+        issued, then tile t's P·V, S waited for alone, tile t + 1's scores worked on while P·V runs,
+        then P·V waited for, slot t released and O rescaled for tile t + 1; returns tile t + 1's p.
+        p crosses the loop in fp32, in the registers S's accumulator gave it: carried as FP8 codes the
+        loop moved them byte by byte (208 more instructions a tile offline)."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)  # p <= 448: no clamp
+        nxt = (c0 + t + 1) % STAGES
+        mbarrier.wait(ready.index(nxt), ((c0 + t + 1) // STAGES) & 1)
+        x = warpgroup_mma(q_op, k_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p8, vt_smem.index((c0 + t) % STAGES).permute((1, 0)), acc, is_async=True)
+        x = warpgroup_mma_wait(num_outstanding=1, deps=(x, ))  # wgmma groups complete in issue order
+        p, gamma, l_i, m_i, r_i = _tile_scores(x, t + 1, l_i, m_i, r_i, queries, q2, slack_x, MASKED, BLOCK_N,
+                                               LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE, False)
+        # Without a fence ptxas issues the P·V's wait right after S's, before the exponentials (one
+        # fence: on a scalar).
+        cta_fence(nxt)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((c0 + t) % STAGES), count=1)
+        return _rescale(acc, gamma), p, l_i, m_i, r_i
+
+    @gluon.jit
+    def _consumer_tiles_pv_under(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, queries, q2,
+                                 slack_x, MASK_LAST: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                 LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                                 FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr, TREE: gl.constexpr):
+        """Key tiles 0 <= t < t_hi (MASK_LAST: the last one masked) in FlashAttention-3's order within
+        a warpgroup (``PV_UNDER_SCORES``): tile t + 1's S issued before tile t's P·V and waited for
+        alone, so that tile t + 1's exponentials run under tile t's P·V; O's rescale for tile t + 1
+        waits for that P·V. The same operations on the same values as :func:`_consumer_tiles_merged`,
+        so the same bits. Tile t sits at position c0 + t of the ring's sequence."""
+        zero_s = gl.zeros([queries.shape[0], BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(ready.index(c0 % STAGES), (c0 // STAGES) & 1)
+        x = warpgroup_mma(q_op, k_smem.index(c0 % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
+        if MASK_LAST and t_hi == 1:  # tile 0 is the last one
+            p, gamma, l_i, m_i, r_i = _tile_scores(x, 0, l_i, m_i, r_i, queries, q2, slack_x, True, BLOCK_N, LOG2_PMAX,
+                                                   s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE, False)
+        else:
+            p, gamma, l_i, m_i, r_i = _tile_scores(x, 0, l_i, m_i, r_i, queries, q2, slack_x, False, BLOCK_N, LOG2_PMAX,
+                                                   s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE, False)
+        acc = _rescale(acc, gamma)
+        for t in range(0, t_hi - 2):
+            acc, p, l_i, m_i, r_i = _pv_under_step(t, c0, acc, p, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty,
+                                                   queries, q2, slack_x, False, BLOCK_N, STAGES, LOG2_PMAX, s_layout,
+                                                   pa_layout, FMA_EXP, P_IN_PLACE, TREE)
+        if t_hi > 1:  # the last tile's scores, masked where MASK_LAST
+            acc, p, l_i, m_i, r_i = _pv_under_step(t_hi - 2, c0, acc, p, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                   empty, queries, q2, slack_x, MASK_LAST, BLOCK_N, STAGES, LOG2_PMAX,
+                                                   s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
+        last = t_hi - 1
+        p8 = a_operand_codes(p, pa_layout, P_IN_PLACE)
+        acc = warpgroup_mma(p8, vt_smem.index((c0 + last) % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((c0 + last) % STAGES), count=1)
+        return acc, l_i, m_i, r_i
+
+    @gluon.jit
     def _consumer_loop(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready, empty, turn, turn0, queries, q2,
                        slack_x, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
                        PINGPONG: gl.constexpr, STAGES: gl.constexpr, LOG2_PMAX: gl.constexpr, s_layout: gl.constexpr,
                        pa_layout: gl.constexpr, WG: gl.constexpr, FMA_EXP: gl.constexpr, P_IN_PLACE: gl.constexpr,
                        TREE: gl.constexpr):
         """Key tiles 0 <= t < t_hi (at ring positions c0 + t) into one warpgroup's running (acc, l, m,
-        r), in the schedule MERGED picks (causal: the last tile, the program's diagonal one, masked)."""
-        if MERGED:
+        r), in the schedule MERGED picks (:func:`merged_mode`; causal: the last tile, the program's
+        diagonal one, masked)."""
+        if MERGED == 2:
+            acc, l_i, m_i, r_i = _consumer_tiles_pv_under(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
+                                                          empty, queries, q2, slack_x, CAUSAL, BLOCK_N, STAGES,
+                                                          LOG2_PMAX, s_layout, pa_layout, FMA_EXP, P_IN_PLACE, TREE)
+        elif MERGED:
             acc, l_i, m_i, r_i = _consumer_tiles_merged(t_hi, c0, acc, l_i, m_i, r_i, q_op, k_smem, vt_smem, ready,
                                                         empty, turn, turn0, queries, q2, slack_x, CAUSAL, BLOCK_N,
                                                         STAGES, LOG2_PMAX, s_layout, pa_layout, WG, PINGPONG,
@@ -588,5 +688,6 @@ if gluon is not None:
 from . import forward_persistent  # noqa: E402
 
 __all__ = ["BLOCK_M", "BLOCK_N", "BLOCK_NS", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_WAITS", "PERSISTENT",
-           "PINGPONG", "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES", "STAGES_256", "gluon_forward",
-           "q_quantization_reason", "ring_stages", "scope_reason", "unsupported_reason"]
+           "PINGPONG", "PV_UNDER_SCORES", "QUANTIZE_Q", "QUANTIZE_Q_NONCAUSAL", "Q_IN_REGISTERS", "STAGES",
+           "STAGES_256", "gluon_forward", "merged_mode", "q_quantization_reason", "ring_stages", "scope_reason",
+           "unsupported_reason"]

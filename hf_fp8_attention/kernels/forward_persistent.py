@@ -90,7 +90,7 @@ def launch(descs: tuple, h_desc, q: torch.Tensor | None, q_head_amax, q_scales, 
         q_desc, descs[1], descs[2], h_desc, table, q_amax, k_scales if q_scales is None else q_scales, k_scales,
         v_scales, out, *out.stride()[:3], lse, hq, groups, sq, sk, v_scales.shape[2], n_blk, rb, rh, ch,
         qk_scale, slack, Q_IN=q_in, Q_HEAD=q_head_amax is not None, POW2=pow2, OUT_STRIDED=fg.TOKEN_MAJOR_OUT,
-        HALF_Q=fg.HALF_Q, BLOCK_N=block_n, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.MERGED_WAITS,
+        HALF_Q=fg.HALF_Q, BLOCK_N=block_n, D=q_desc.block_shape[-1], CAUSAL=causal, MERGED=fg.merged_mode(),
         STAGES=fg.ring_stages(block_n), LOG2_PMAX=fg.LOG2_PMAX, FMA_BOUND=fg.fma_bound(), P_IN_PLACE=fg.P_IN_PLACE,
         TREE=fg.TREE_REDUCTIONS, PINGPONG=fg.PINGPONG and fg.MERGED_WAITS, CONSUMER_REGS=fg.CONSUMER_REGS,
         PRODUCER_REGS=fg.PRODUCER_REGS, num_warps=4, maxnreg=fg.MAXNREG)

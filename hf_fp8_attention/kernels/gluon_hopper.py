@@ -176,6 +176,15 @@ if gluon is not None:
         return gl.convert_layout(x8, a_layout)
 
     @gluon.jit
+    def cta_fence(x):
+        """``x`` unchanged, behind a CTA-scope fence (``fence.acq_rel.cta``: a MEMBAR.ALL.CTA per element
+        a thread holds of ``x``, one for a scalar). ptxas issues a wgmma wait placed after the fence no
+        earlier than the fence, where without it the wait goes right after the previous one, before
+        the work between them (benchmarks/experiments/wgmma_wait_probe.py)."""
+        return gl.inline_asm_elementwise("fence.acq_rel.cta;\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype,
+                                         is_pure=False, pack=1)
+
+    @gluon.jit
     def a_operand_codes(x, a_layout: gl.constexpr, IN_PLACE: gl.constexpr):
         """E4M3 codes of ``x`` (64, N) fp32 in a wgmma accumulator's layout (cvt.rn.satfinite, as
         quantize.cast_saturating) as the A operand of a product in ``a_layout``: in place

@@ -12,6 +12,8 @@ its scope, so none can pass on the Triton kernel alone.
   a rounding boundary), and LSE within ``LSE_ABS`` = 1e-5 (|LSE| up to ~20 here, 1e-6 relative).
 - Against the emulation, with tests/gpu/test_forward_kernel.py's bounds (the code-flip noise of
   Hopper's FP8 accumulation).
+- FlashAttention-3's order within a warpgroup (``forward_gluon.PV_UNDER_SCORES``, a layout of
+  ``LAYOUTS`` too): the merged loop's bits.
 - Key tiles of 256 (a recipe with ``block_k=256``; ``forward_gluon.BLOCK_NS``), against the Triton
   kernel and the emulation at the same ``block_k``, with the same bounds.
 - NaN in Q reaches the same outputs as through the Triton kernel (nothing hidden).
@@ -183,8 +185,8 @@ def test_gluon_forward_256_key_tiles_match_emulation(shape, recipe, fma, gluon_c
 @pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
 @pytest.mark.parametrize("shape", list(SHAPES)[:2])
 def test_gluon_forward_layouts_are_identical(shape, fma, gluon_calls, monkeypatch):
-    """Q read by the S MMA from registers or from shared memory, one wait or two per key tile, a
-    ring of 2 or 3 slots: the same products in the same order, bit for bit (either exponent form)."""
+    """Q read by the S MMA from registers or from shared memory, one wait or two per key tile (in
+    either order), a ring of 2 or 3 slots: the same products, bit for bit (either exponent form)."""
     monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
     config = RECIPES["fp8_delta_fast"]
     qkv, mask, scale, _ = _problem(shape, config, torch.bfloat16, seed=7)
@@ -195,6 +197,26 @@ def test_gluon_forward_layouts_are_identical(shape, fma, gluon_calls, monkeypatc
         got = _forward(qkv, mask, scale, config)
         assert all(torch.equal(g, d) for g, d in zip(got, default)), layout
     assert gluon_calls[0] == len(forward_gluon.LAYOUTS)
+
+
+@pytest.mark.parametrize("fma", (False, True), ids=("exact", "fma"))
+@pytest.mark.parametrize("persistent", (True, False), ids=("persistent", "per_block"))
+@pytest.mark.parametrize("shape", ["causal_long", "causal_many_blocks", "dense_many_blocks", "causal_gqa_d64"])
+def test_gluon_forward_pv_under_scores_keeps_the_bits(shape, persistent, fma, gluon_calls, monkeypatch):
+    """FlashAttention-3's order within a warpgroup (``forward_gluon.PV_UNDER_SCORES``) runs the merged
+    loop's operations on the same values in another order: the same bits, for blocks of one key tile
+    (the loop's prologue alone), two (its peeled last step alone) and many, with several blocks per
+    persistent program, at both head dims."""
+    monkeypatch.setattr(exponent, "FMA_EXPONENT", fma)
+    monkeypatch.setattr(forward_gluon, "PERSISTENT", persistent)
+    config = RECIPES["fp8_delta_fast"]
+    qkv, mask, scale, inside = _problem(shape, config, torch.bfloat16, seed=17)
+    default = _forward(qkv, mask, scale, config)
+    monkeypatch.setattr(forward_gluon, "PV_UNDER_SCORES", True)
+    got = _forward(qkv, mask, scale, config)
+    assert inside and gluon_calls[0] == 2
+    assert torch.isfinite(got[0]).all()
+    assert all(torch.equal(g, d) for g, d in zip(got, default))
 
 
 def test_gluon_forward_propagates_nan_as_the_triton_kernel(gluon_calls, monkeypatch):
