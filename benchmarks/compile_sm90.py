@@ -105,7 +105,7 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int):
 GLUON_SWITCHES = {"KV_REGS": "KV_IN_REGISTERS", "QDO_REGS": "QDO_IN_REGISTERS", "Q_REGS": "Q_IN_REGISTERS",
                   "MERGED": "MERGED_WAITS", "PIPELINED": "PIPELINED", "PINGPONG": "PINGPONG",
                   "OUT_STRIDED": "TOKEN_MAJOR_OUT", "P_IN_PLACE": "P_IN_PLACE",
-                  "IN_PLACE": "A_IN_PLACE", "TREE": "TREE_REDUCTIONS"}
+                  "IN_PLACE": "A_IN_PLACE", "TREE": "TREE_REDUCTIONS", "FENCE": "EXP_UNDER_DP"}
 
 
 def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16", qdo_head: bool = True,

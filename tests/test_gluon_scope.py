@@ -151,6 +151,11 @@ def test_compiles_for_sm90():
     per_thread = forward_gluon.HALF_Q * forward_gluon.BLOCK_N // 128
     assert all(loop["waits"] == 2 and loop["ex2_between_waits"] >= per_thread
                for r in pv_under for loop in r["mma_loops"]), pv_under
+    # and dQ's P exponentials under dP' in flight (backward_dq_gluon.EXP_UNDER_DP): a tile's 32 (64 queries x
+    # 64 keys) between S's wait and dP's in the interior loop (ptxas issues dP's after 6 without the fence)
+    exp_under_dp = [r for r in rows if r["layout"] == "qdo_registers_k64_exp_under_dp"]
+    assert exp_under_dp and all(max(loop["ex2_between_waits"] for loop in r["mma_loops"])
+                                >= backward_dq_gluon.HALF_Q * backward_dq_gluon.BLOCK_N // 128 for r in exp_under_dp)
     # P's codes reach P·V from the registers they were computed in (gluon_hopper.a_operand_in_place): the
     # forward's loops shuffle only for the two rows' max and sum (2 rows x 2 steps x 2 reductions)
     assert all(loop["shfl"] <= 8 for r in rows if r["kernel"].startswith("fwd") for loop in r["mma_loops"]), rows

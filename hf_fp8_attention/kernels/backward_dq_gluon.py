@@ -33,7 +33,7 @@ from .persistent_schedule import launch_table
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_codes, a_operand_layout, ds_head_scale, gl, mbarrier, mma_layout,
+        a_operand_codes, a_operand_layout, cta_fence, ds_head_scale, gl, mbarrier, mma_layout,
         persistent_query_side_codes, persistent_query_side_producer, program_entries, query_block,
         query_side_producer, ring_barriers, scheduled_block, warpgroup_mma, warpgroup_mma_wait,
     )
@@ -46,10 +46,17 @@ BLOCK_M = 2 * HALF_Q
 # leaves 128-key tiles (BLOCK_N = 128) spill-free and unserialised, with ~10% fewer instructions per
 # key than 64-key tiles; not yet measured on a GPU (benchmarks/NOTES.md, "Backward").
 QDO_IN_REGISTERS = True
+# P's exponentials worked on while dP' is in flight: S and dP' are issued together and S is waited
+# for alone, but ptxas issues dP's wait after the first 6 of a tile's 32 exponentials unless a CTA
+# fence stands before it (gluon_hopper.cta_fence; offline, sm_90a, Triton 3.6: with it all 32 sit
+# between the two waits, 208 instructions a tile against 207). The same bits; not yet timed on a
+# GPU (benchmarks/NOTES.md, "Backward"): off until it is.
+EXP_UNDER_DP = False
 # The operand layouts the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS; the
 # first is the default above.
-LAYOUT_CONSTANTS = ("QDO_IN_REGISTERS", "BLOCK_N")
-LAYOUTS = {"qdo_registers_k64": (True, 64), "qdo_shared_k64": (False, 64), "qdo_shared_k128": (False, 128)}
+LAYOUT_CONSTANTS = ("QDO_IN_REGISTERS", "BLOCK_N", "EXP_UNDER_DP")
+LAYOUTS = {"qdo_registers_k64": (True, 64, False), "qdo_shared_k64": (False, 64, False),
+           "qdo_shared_k128": (False, 128, False), "qdo_registers_k64_exp_under_dp": (True, 64, True)}
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168  # as backward_dkdv_gluon.py
 # The launch as a persistent kernel (one program per SM over a list of query blocks,
 # persistent_schedule.py; the next block's codes and key tiles loaded while the current one
@@ -103,7 +110,8 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
         launch_kernel(_dq_persistent_kernel, (n_prog, ),
             *descs, table, qrs, krs, kcs, lse2do, delta, ds_bound, dq, hq, groups, sq, sk, kcs.shape[2], n_blk,
             qk_scale, tau, HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, POW2=pow2, STAGES=STAGES,
-            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, num_warps=4,
+            CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order,
+            FENCE=EXP_UNDER_DP, num_warps=4,
             maxnreg=MAXNREG)
         return
     launch_kernel(_dq_kernel, (sq // BLOCK_M, b * hq),
@@ -111,14 +119,16 @@ def gluon_dq(qr, qrs, kr, krs, kct, kcs, vr, dor, lse2do, delta, ds_bound, dq, *
         hq, groups, sq, sk, kcs.shape[2], qk_scale, tau,
         HALF_Q=HALF_Q, BLOCK_N=BLOCK_N, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal),
         POW2=pow2, QDO_REGS=QDO_IN_REGISTERS, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS,
-        PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, num_warps=4, maxnreg=MAXNREG)
+        PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=keys_in_pv_order, FENCE=EXP_UNDER_DP, num_warps=4,
+        maxnreg=MAXNREG)
 
 
 if gluon is not None:
     @gluon.jit
     def _consumer_tiles(t_a, t_b, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq, lse_p,
                         delta, MASKED: gl.constexpr, SKIP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        s_layout: gl.constexpr, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
+                        s_layout: gl.constexpr, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr,
+                        FENCE: gl.constexpr):
         """Key tiles t_a <= t < t_b into one warpgroup's dQ: the Triton launch's ``_dq_tiles`` with
         DS_HEAD and COL_SEQ, the same fp32 operations per element. SKIP: tiles no query of this
         warpgroup sees (the other one does): only their ring slots are released. Tile t sits at
@@ -137,6 +147,8 @@ if gluon is not None:
                 if MASKED:
                     keys = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=cols)
                     p = gl.where(gl.expand_dims(queries, 1) >= gl.expand_dims(keys, 0), p, 0.0)
+                if FENCE:  # keeps ptxas from issuing dP's wait before P's exponentials (EXP_UNDER_DP)
+                    cta_fence(t)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
                 # IN_PLACE: K's channel-wise copy holds its keys in the order dS's codes are taken in
                 ds8 = a_operand_codes(p * (dp - gl.expand_dims(delta, 1)), pa_layout, IN_PLACE)
@@ -162,7 +174,8 @@ if gluon is not None:
     @gluon.jit
     def _dq_rows(q_reg, do_reg, c0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
                  queries, sq, ds_scale, lse_p, delta, tau, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr,
-                 D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr):
+                 D: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr,
+                 FENCE: gl.constexpr):
         """A warpgroup's dQ of queries q0 .. q0 + HALF_Q from their codes ``q_reg``, ``do_reg`` and
         :func:`_row_factors`: key tiles 0 <= t < t_hi (ring positions c0 + t), then the scales, into ``DQ``."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
@@ -173,16 +186,16 @@ if gluon is not None:
             t_diag = q0 // BLOCK_N
             N_DIAG: gl.constexpr = (HALF_Q + BLOCK_N - 1) // BLOCK_N  # tiles holding the diagonal (1 at 128 too)
             dq = _consumer_tiles(0, t_diag, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
-                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE)
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE, FENCE)
             dq = _consumer_tiles(t_diag, t_diag + N_DIAG, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem,
                                  ready, empty, queries, sq, lse_p, delta, True, False, BLOCK_N, STAGES, s_layout,
-                                 pa_layout, IN_PLACE)
+                                 pa_layout, IN_PLACE, FENCE)
             dq = _consumer_tiles(t_diag + N_DIAG, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready,
                                  empty, queries, sq, lse_p, delta, False, True, BLOCK_N, STAGES, s_layout, pa_layout,
-                                 IN_PLACE)
+                                 IN_PLACE, FENCE)
         else:
             dq = _consumer_tiles(0, t_hi, c0, dq, q_reg, do_reg, k_smem, v_smem, kt_smem, ready, empty, queries, sq,
-                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE)
+                                 lse_p, delta, False, False, BLOCK_N, STAGES, s_layout, pa_layout, IN_PLACE, FENCE)
         chan = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         dq = dq * ds_scale
         dq = dq * gl.expand_dims(gl.load(KCS + bh_k * NT_K * D + chan), 0)
@@ -194,7 +207,8 @@ if gluon is not None:
     def _consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                   DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, WG: gl.constexpr,
                   HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr):
+                  POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, IN_PLACE: gl.constexpr,
+                  FENCE: gl.constexpr):
         """One warpgroup: queries m0 + WG·64 .. + 64 of the program; writes their dQ."""
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         qa_layout: gl.constexpr = a_operand_layout(s_layout)
@@ -209,14 +223,14 @@ if gluon is not None:
             q_reg = q_smem.index(WG)
             do_reg = do_smem.index(WG)
         _dq_rows(q_reg, do_reg, 0, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
-                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE)
+                 queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE, FENCE)
 
     @gluon.jit
     def _persistent_consumer(q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1,
                              N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K, qk_scale, tau,
                              WG: gl.constexpr, HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
                              CAUSAL: gl.constexpr, POW2: gl.constexpr, STAGES: gl.constexpr,
-                             IN_PLACE: gl.constexpr):
+                             IN_PLACE: gl.constexpr, FENCE: gl.constexpr):
         """One warpgroup of a persistent program over entries i0 <= j < i1 of its schedule: per block
         :func:`_consumer`'s work (Q's and dO's codes in registers, then the buffers released to the
         producer for the next block), the ring's positions running on across blocks."""
@@ -230,7 +244,7 @@ if gluon is not None:
                                                                q0, qk_scale, HALF_Q, POW2, gl.SliceLayout(1, s_layout))
             q_reg, do_reg = persistent_query_side_codes(q_smem, do_smem, q_bar, q_free, j - i0, WG, qa_layout)
             _dq_rows(q_reg, do_reg, c, k_smem, v_smem, kt_smem, ready, empty, KCS, DQ, bh_q, bh_k, SQ, NT_K, q0, t_hi,
-                     queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE)
+                     queries, sq, ds_scale, lse_p, delta, tau, HALF_Q, BLOCK_N, D, CAUSAL, STAGES, IN_PLACE, FENCE)
             c += t_hi
 
     @gluon.jit
@@ -246,7 +260,7 @@ if gluon is not None:
         H, G, SQ, SK, NT_K, qk_scale, tau,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr,
         POW2: gl.constexpr, QDO_REGS: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, IN_PLACE: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, IN_PLACE: gl.constexpr, FENCE: gl.constexpr,
     ):
         bh_q, bh_k, m0, t_hi = query_block(H, G, SK, 2 * HALF_Q, BLOCK_N, CAUSAL, HEAD_GROUP)
 
@@ -260,10 +274,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 0, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE)),
+                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE, FENCE)),
             (_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, ready, empty, QRS, KRS, KCS, LSE2DO, DELTA,
                          DS_BOUND, DQ, bh_q, bh_k, SQ, SK, NT_K, m0, t_hi, qk_scale, tau, 1, HALF_Q, BLOCK_N, D,
-                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE)),
+                         CAUSAL, POW2, QDO_REGS, STAGES, IN_PLACE, FENCE)),
             (query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem, v_smem,
                                    kt_smem, q_bar, ready, empty, bh_q * SQ + m0, bh_k * SK, bh_k * D, t_hi, HALF_Q,
                                    BLOCK_N, STAGES)),
@@ -278,6 +292,7 @@ if gluon is not None:
         H, G, SQ, SK, NT_K, N_BLK, qk_scale, tau,
         HALF_Q: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, POW2: gl.constexpr,
         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, IN_PLACE: gl.constexpr,
+        FENCE: gl.constexpr,
     ):
         """_dq_kernel as a persistent kernel (``PERSISTENT``): one program per SM over its schedule's
         blocks, the same bits; Q's and dO's codes held in registers (QDO_IN_REGISTERS)."""
@@ -293,15 +308,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
                                     i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
-                                    qk_scale, tau, 0, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE)),
+                                    qk_scale, tau, 0, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE, FENCE)),
             (_persistent_consumer, (q_smem, do_smem, k_smem, v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0,
                                     i1, N_BLK, H, G, QRS, KRS, KCS, LSE2DO, DELTA, DS_BOUND, DQ, SQ, SK, NT_K,
-                                    qk_scale, tau, 1, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE)),
+                                    qk_scale, tau, 1, HALF_Q, BLOCK_N, D, CAUSAL, POW2, STAGES, IN_PLACE, FENCE)),
             (persistent_query_side_producer, (q_desc, do_desc, k_desc, v_desc, kt_desc, q_smem, do_smem, k_smem,
                                               v_smem, kt_smem, q_bar, q_free, ready, empty, SCHED, i0, i1, N_BLK, H,
                                               G, SQ, SK, HALF_Q, BLOCK_N, D, CAUSAL, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PERSISTENT", "QDO_IN_REGISTERS",
-           "gluon_dq", "scope_reason", "unsupported_reason"]
+__all__ = ["BLOCK_M", "BLOCK_N", "EXP_UNDER_DP", "HEAD_DIMS", "LAYOUTS", "LAYOUT_CONSTANTS", "PERSISTENT",
+           "QDO_IN_REGISTERS", "gluon_dq", "scope_reason", "unsupported_reason"]
