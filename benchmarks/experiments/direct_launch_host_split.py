@@ -40,13 +40,13 @@ def median_us(timed, n: int = 100, every: int = 10) -> float:
     return 1e6 * statistics.median(times)
 
 
-def host_us(fn) -> float:
-    """Median host µs of ``fn()``."""
+def host_us(fn, n: int = 100) -> float:
+    """Median host µs of ``fn()`` over ``n`` calls (:func:`median_us`)."""
     def timed():
         t = time.perf_counter()
         fn()
         return time.perf_counter() - t
-    return median_us(timed)
+    return median_us(timed, n)
 
 
 def backward_host_us(q, k, v, dout, cfg) -> float:

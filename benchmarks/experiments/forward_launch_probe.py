@@ -13,13 +13,14 @@ descriptor's construction.
 
     PYTHONPATH=. python benchmarks/experiments/forward_launch_probe.py
 """
-import statistics, time, sys
+import time, sys
 import torch, triton
 sys.path.insert(0, ".")
 from triton.runtime.jit import JITFunction
 from hf_fp8_attention import RECIPES, fp8_attention
 from hf_fp8_attention.kernels import forward_persistent as fp, forward_gluon as fg, gluon_hopper as gh, forward
 from hf_fp8_attention.kernels import launch as L, sequence_stats as ss, quantize as qz
+from direct_launch_host_split import host_us  # beside this script
 
 CAP = {}
 orig = JITFunction.run
@@ -34,14 +35,9 @@ k = torch.randn(1, S, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 
 v = torch.randn(1, S, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
 print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(), flush=True)
 
-def med(fn, n=200, every=10):
-    ts = []
-    for i in range(n):
-        if i % every == 0:
-            torch.cuda.synchronize()
-        t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
-    torch.cuda.synchronize()
-    return 1e6 * statistics.median(ts)
+def med(fn):
+    """Median host µs of ``fn()`` over 200 calls, a sync every 10 (direct_launch_host_split.host_us)."""
+    return host_us(fn, n=200)
 
 cfg = RECIPES["fp8_delta_fast"]
 grad = torch.randn_like(q)
