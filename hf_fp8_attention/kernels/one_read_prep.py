@@ -30,7 +30,7 @@ from .launch import launch as launch_kernel
 from .quantize import Copies, interpreting, padded_head_dim, plan_quantize, quantize_block
 from .sequence_stats import CHUNK, FOLD_IN_PARTIALS, SequenceStats, StatsNeed, chunk_partials, stats_launch, \
     wait_for_statistics
-from .tiles import cdiv, sm_count
+from .tiles import cdiv, on_cuda, sm_count
 
 # The one-read launch where it applies (one_read_reason); off: always the two launches. Off: the same
 # bits, but on the H100 the forward's K/V step took 231 against 192 us at 2 x 8k tokens and the op
@@ -108,7 +108,7 @@ def one_read_reason(xs: tuple[torch.Tensor, ...], needs: tuple[StatsNeed | None,
         return "one_read_prep.ONE_READ is off"
     if interpreting():
         return "the interpreter runs programs one at a time"
-    if not x.is_cuda:
+    if not on_cuda(x.device):
         return "not a CUDA tensor"
     if any(n is None for n in needs):
         return "an operand needs no sequence statistics"

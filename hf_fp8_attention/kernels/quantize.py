@@ -37,7 +37,7 @@ from ..config import FP8Format
 from ..transforms import hadamard_matrix
 from .constants import TL_FP8
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, next_pow2, sequence_block_offsets, sm_count
+from .tiles import block_of_sequence, cdiv, next_pow2, on_cuda, sequence_block_offsets, sm_count
 
 # Compile options of every attention kernel launch. FP contraction (FMA) stays on: the GPU tests'
 # bounds and the bit-identity checks were measured with it, Triton's default up to 3.9 (3.10 turns
@@ -912,7 +912,7 @@ def tiles_per_program(tiles: int, n_tiles: int, rows: int, device: torch.device)
     """The launch table's ``tiles`` where a grid of ``rows`` x ``n_tiles`` tiles still gives every
     multiprocessor of ``device`` :data:`TILES_MIN_PROGRAMS_PER_SM` programs with them, else 1
     (the same codes either way; off CUDA, the table's value)."""
-    if tiles > 1 and device.type == "cuda":
+    if tiles > 1 and on_cuda(device):
         if cdiv(n_tiles, tiles) * rows < TILES_MIN_PROGRAMS_PER_SM * sm_count(device.index):
             return 1
     return tiles

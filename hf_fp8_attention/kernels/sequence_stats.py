@@ -39,7 +39,7 @@ from .quantize import (
     padded_head_dim, reduce_max_nan, reduce_min_nan, rotate_rows, rotation_operand, scratch_empty,
 )
 from .launch import launch as launch_kernel
-from .tiles import block_of_sequence, cdiv, has_tma, sequence_block_offsets
+from .tiles import block_of_sequence, cdiv, has_tma, on_cuda, sequence_block_offsets
 
 # Tokens one partials program reduces, and how many it loads at a time.
 CHUNK = 256
@@ -600,7 +600,7 @@ def tma_descriptors(xs: tuple[torch.Tensor, ...], sub: int, dp: int) -> tuple | 
     if not TMA_LOADS or interpreting() or dp > 256:
         return None
     for x in xs:
-        if not x.is_cuda or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16:
+        if not on_cuda(x.device) or x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16:
             return None
         if any(st * x.element_size() % 16 for st in x.stride()[:-1]) or not has_tma(x.device.index):
             return None

@@ -165,6 +165,13 @@ def next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def on_cuda(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device: the host-side choices that differ there (TMA loads, the
+    one-read launch, tiles per program) ask this, so that ``benchmarks/hopper_host_sim.py`` can
+    take them on a machine without one."""
+    return device.type == "cuda"
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int | None) -> int:
     """The multiprocessors of CUDA device ``device_index`` (cached: a device query per launch costs
