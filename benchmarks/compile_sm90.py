@@ -172,6 +172,8 @@ def compile_gluon(kernel_name: str, d: int, causal: bool, out_dtype: str = "bf16
     consts.update({arg: getattr(mod, name) for arg, name in GLUON_SWITCHES.items() if arg in kernel.arg_names})
     if mod is forward_gluon:  # the forward's waits: merged, and in which order (forward_gluon.merged_mode)
         consts["MERGED"] = forward_gluon.merged_mode()
+    elif mod is backward_dkdv_gluon:  # dK/dV's schedule, as launched without GQA (backward_dkdv_gluon.merged_mode)
+        consts["MERGED"] = backward_dkdv_gluon.merged_mode(1, causal)
     if "FMA_BOUND" in kernel.arg_names:  # the forward's exponent form (exponent.fma_bound)
         consts["FMA_BOUND"] = exponent.fma_bound()
     sig = {name: "i32" for name in kernel.arg_names}

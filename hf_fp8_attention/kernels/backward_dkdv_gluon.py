@@ -15,7 +15,9 @@ FlashAttention-3's backward:
 - two consumer warpgroups own 64 keys each (128 per program) and share every 64-query tile; the
   MMAs read K's and V's codes (the A operand of Sᵀ = K Qᵀ and dP'ᵀ = V dOᵀ) from shared memory,
   which leaves the registers for 64-query tiles. Each warpgroup issues a tile's dV and dK products
-  with the next tile's Sᵀ and dP'ᵀ and waits for the four at once. ``LAYOUTS`` names the
+  with the next tile's Sᵀ and dP'ᵀ and waits for the four at once (``PRODUCTS_UNDER_EXPS``, off:
+  past causal calls' diagonal tiles the next Sᵀ and dP'ᵀ waited for alone, the next tile's Pᵀ formed
+  while dV and dK run). ``LAYOUTS`` names the
   alternatives the kernel is built and tested in: each product waited for in turn; K and V in
   registers with 32-query tiles (half the shared-memory reads per product; the first default, 7%
   slower on the H200); in shared memory with 32-query tiles.
@@ -46,8 +48,8 @@ from .launch import launch as launch_kernel
 
 if gluon is not None:
     from .gluon_hopper import (
-        a_operand_codes, a_operand_layout, ds_head_scale, gl, grouped_program, mbarrier, mma_layout, ring_barriers,
-        scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
+        a_operand_codes, a_operand_layout, cta_fence, ds_head_scale, gl, grouped_program, mbarrier, mma_layout,
+        ring_barriers, scale_from_amax, tma_load, warpgroup_mma, warpgroup_mma_wait,
     )
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (no padding: the codes' width is the head dim)
@@ -69,12 +71,25 @@ MERGED_WAITS = True
 # boundary spill, and on the H200 the backward at 8k causal, 16 query / 8 kv heads took 3.46-3.53 ms
 # merged against 3.34-3.35 ms waiting in turn (benchmarks/NOTES.md, "Backward").
 MERGED_GQA = False
+# A tile's dV and dK products run under the next tile's exponentials (True; any G): the next tile's
+# Sᵀ and dP'ᵀ are issued with them and waited for alone, its 448·Pᵀ and dSᵀ formed while dV and dK
+# run, then those waited for behind a CTA fence (gluon_hopper.cta_fence: without it ptxas issues
+# their wait right after Sᵀ's and dP'ᵀ's). Every warpgroup-scope wait otherwise leaves the tensor
+# cores idle while its own warpgroup forms Pᵀ and dSᵀ. The same operations on the same values as
+# the other schedules, so the same bits; each head's first Sᵀ, dP'ᵀ and last dV, dK unhidden.
+# Causal calls, past each program's diagonal tiles (those run in turn): offline (sm_90a, Triton 3.6)
+# that loop takes 315 / 331 instructions a tile (per-head / per-token Q and dO scales; 303 / 317
+# merged), nothing spilled; non-causal loops spilled 19-37 values a tile at d = 128 in every form
+# tried and keep the merged waits (benchmarks/NOTES.md, "Backward").
+PRODUCTS_UNDER_EXPS = False
 # The layouts and schedules the kernel is built and tested in: name -> values of LAYOUT_CONSTANTS;
 # the first is the default above.
-LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS", "MERGED_GQA")
-LAYOUTS = {"kv_shared_q64_merged": (False, 64, True, False), "kv_shared_q64_merged_gqa": (False, 64, True, True),
-           "kv_shared_q64": (False, 64, False, False), "kv_registers_q32": (True, 32, False, False),
-           "kv_shared_q32": (False, 32, False, False)}
+LAYOUT_CONSTANTS = ("KV_IN_REGISTERS", "BLOCK_Q", "MERGED_WAITS", "MERGED_GQA", "PRODUCTS_UNDER_EXPS")
+LAYOUTS = {"kv_shared_q64_merged": (False, 64, True, False, False),
+           "kv_shared_q64_merged_gqa": (False, 64, True, True, False),
+           "kv_shared_q64_under_exps": (False, 64, True, False, True),
+           "kv_shared_q64": (False, 64, False, False, False), "kv_registers_q32": (True, 32, False, False, False),
+           "kv_shared_q32": (False, 32, False, False, False)}
 # Pᵀ's and dSᵀ's codes handed to dV's and dK's products in the registers their accumulators put them in
 # (gluon_hopper.a_operand_in_place; dO's and Q's channel-wise copies written with their queries in that
 # order, ``quantize.Copies.col_pv``) instead of moved to the FP8 A operand's layout: offline (sm_90a,
@@ -83,6 +98,15 @@ A_IN_PLACE = True
 # Registers per thread: 168 at launch, the consumers raised to 240 (their interior loops spill
 # nothing offline, Triton 3.9, sm_90a), the producer warp lowered to 24.
 CONSUMER_REGS, PRODUCER_REGS, MAXNREG = 240, 24, 168
+
+
+def merged_mode(groups: int, causal: bool) -> int | bool:
+    """The kernel's MERGED constexpr for ``groups`` query heads per kv head: 2 for the products under
+    the next tile's exponentials (``PRODUCTS_UNDER_EXPS``, causal, any G), else the merged waits
+    (``MERGED_WAITS``; with GQA only with ``MERGED_GQA``)."""
+    if PRODUCTS_UNDER_EXPS and causal:
+        return 2
+    return MERGED_WAITS and (groups == 1 or MERGED_GQA)
 
 
 def scope_reason(shape_q: tuple, shape_k: tuple, mask: MaskSpec, config: FP8AttentionConfig,
@@ -132,7 +156,7 @@ def gluon_dkdv(qr, qrs, qct, qcs, kr, krs, vr, vrs, dor, dors, doct, docs, lse2,
         hq, groups, sq, sk, qcs.shape[2], qk_scale, tau,
         BLOCK_Q=BLOCK_Q, HALF_K=HALF_K, D=d, CAUSAL=causal, HEAD_GROUP=head_group(causal), POW2=pow2,
         QDO_HEAD=qdo_head, KV_REGS=KV_IN_REGISTERS,
-        MERGED=MERGED_WAITS and (groups == 1 or MERGED_GQA),
+        MERGED=merged_mode(groups, causal),
         STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_PLACE=queries_in_pv_order,
         num_warps=4, maxnreg=MAXNREG)
 
@@ -213,18 +237,24 @@ if gluon is not None:
         return pt
 
     @gluon.jit
-    def _dst_codes(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr,
-                   pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
-        """dSᵀ's FP8 codes, (448 · Pᵀ)(dP'ᵀ − D') times its factor, in the A-operand layout of the dK
-        product (IN_PLACE: Q's channel-wise copy holds its queries in the order they are taken in);
-        the factor ``ds_mul`` (QDO_HEAD), else one per query from the slot's ``dsf_slot``."""
+    def _dst_values(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr):
+        """dSᵀ before its codes, (448 · Pᵀ)(dP'ᵀ − D') times its factor (fp32, in Sᵀ's layout): the
+        factor ``ds_mul`` (QDO_HEAD), else one per query from the slot's ``dsf_slot``."""
         cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         delta = dl_slot.load(cols)
         if QDO_HEAD:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * ds_mul
         else:
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * gl.expand_dims(dsf_slot.load(cols), 0)
-        return a_operand_codes(dst, pa_layout, IN_PLACE)
+        return dst
+
+    @gluon.jit
+    def _dst_codes(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD: gl.constexpr, s_layout: gl.constexpr,
+                   pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
+        """dSᵀ's FP8 codes (:func:`_dst_values`) in the A-operand layout of the dK product (IN_PLACE:
+        Q's channel-wise copy holds its queries in the order they are taken in)."""
+        return a_operand_codes(_dst_values(pt, dpt, dl_slot, dsf_slot, ds_mul, QDO_HEAD, s_layout), pa_layout,
+                               IN_PLACE)
 
     @gluon.jit
     def _consumer_tiles(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
@@ -286,6 +316,66 @@ if gluon is not None:
         return dk, dv, st, dpt
 
     @gluon.jit
+    def _under_exps_step(t, i, dk, dv, pt, dst, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem, dl_smem,
+                         sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, QDO_HEAD: gl.constexpr,
+                         BLOCK_Q: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, pa_layout: gl.constexpr,
+                         IN_PLACE: gl.constexpr):
+        """One step of :func:`_consumer_tiles_under_exps`: tile t's (ring index i) codes from its fp32
+        ``pt``, ``dst``; tile t + 1's Sᵀ and dP'ᵀ issued, then tile t's dV and dK; Sᵀ and dP'ᵀ waited
+        for alone and tile t + 1's Pᵀ (unmasked) formed while dV and dK run; those waited for, slot i
+        released and tile t + 1's dSᵀ formed. Returns (dk, dv) and tile t + 1's (pt, dst)."""
+        zero_s = gl.zeros([keys.shape[0], BLOCK_Q], gl.float32, s_layout)
+        slot = i % STAGES
+        nxt = (i + 1) % STAGES
+        p8 = a_operand_codes(pt, pa_layout, IN_PLACE)  # IN_PLACE: dO's copy in that order
+        ds8 = a_operand_codes(dst, pa_layout, IN_PLACE)
+        mbarrier.wait(ready.index(nxt), ((i + 1) // STAGES) & 1)
+        st = warpgroup_mma(k_reg, q_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_reg, do_smem.index(nxt).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
+        dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
+        st, dpt = warpgroup_mma_wait(num_outstanding=2, deps=(st, dpt))  # groups complete in issue order
+        pt = _pt_tile(st, t + 1, lse_smem.index(nxt), sf_smem.index(nxt), keys, s_mul, False, QDO_HEAD, BLOCK_Q,
+                      s_layout)
+        cta_fence(nxt)  # keeps dV's and dK's wait behind the exponentials (one fence: on a scalar)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(empty.index(slot), count=1)
+        dst = _dst_values(pt, dpt, dl_smem.index(nxt), dsf_smem.index(nxt), ds_mul, QDO_HEAD, s_layout)
+        return dk, dv, pt, dst
+
+    @gluon.jit
+    def _consumer_tiles_under_exps(t_a, t_b, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem, lse_smem,
+                                   dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
+                                   QDO_HEAD: gl.constexpr, BLOCK_Q: gl.constexpr, STAGES: gl.constexpr,
+                                   s_layout: gl.constexpr, pa_layout: gl.constexpr, IN_PLACE: gl.constexpr):
+        """Query tiles t_a <= t < t_b (at least one, none masked) of one query head (ring index i0 + t
+        − t_a) into one warpgroup's dK and dV with each tile's products under the next tile's
+        exponentials (``PRODUCTS_UNDER_EXPS``): the same operations on the same values as
+        :func:`_consumer_tiles`, so the same bits. Nothing is in flight on entry or return."""
+        zero_s = gl.zeros([keys.shape[0], BLOCK_Q], gl.float32, s_layout)
+        slot = i0 % STAGES
+        mbarrier.wait(ready.index(slot), (i0 // STAGES) & 1)
+        st = warpgroup_mma(k_reg, q_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_reg, do_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+        pt = _pt_tile(st, t_a, lse_smem.index(slot), sf_smem.index(slot), keys, s_mul, False, QDO_HEAD, BLOCK_Q,
+                      s_layout)
+        dst = _dst_values(pt, dpt, dl_smem.index(slot), dsf_smem.index(slot), ds_mul, QDO_HEAD, s_layout)
+        for t in range(t_a, t_b - 1):
+            dk, dv, pt, dst = _under_exps_step(t, i0 + t - t_a, dk, dv, pt, dst, k_reg, v_reg, q_smem, do_smem,
+                                               qt_smem, dot_smem, lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty,
+                                               keys, s_mul, ds_mul, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout,
+                                               IN_PLACE)
+        slot = (i0 + t_b - 1 - t_a) % STAGES  # the last tile's products
+        p8 = a_operand_codes(pt, pa_layout, IN_PLACE)
+        ds8 = a_operand_codes(dst, pa_layout, IN_PLACE)
+        dv = warpgroup_mma(p8, dot_smem.index(slot).permute((1, 0)), dv, is_async=True)
+        dk = warpgroup_mma(ds8, qt_smem.index(slot).permute((1, 0)), dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(empty.index(slot), count=1)
+        return dk, dv
+
+    @gluon.jit
     def _consumer(q_smem, do_smem, qt_smem, dot_smem, k_smem, v_smem, lse_smem, dl_smem, sf_smem, dsf_smem, kv_bar,
                   ready, empty, QRS, DORS, QCS, DOCS, DS_BOUND, DK, DV, sk, sv, seq, h0, bh_q0, H, G, SQ, NT_Q, row_k0,
                   n0, t_lo, t_m, t_hi, tau, WG: gl.constexpr, BLOCK_Q: gl.constexpr, HALF_K: gl.constexpr,
@@ -309,7 +399,7 @@ if gluon is not None:
         dk = gl.zeros([HALF_K, D], gl.float32, o_layout)
         dv = gl.zeros([HALF_K, D], gl.float32, o_layout)
         n_t = t_hi - t_lo
-        if MERGED:  # the first ring tile's products, for the merged loops
+        if MERGED == 1:  # the first ring tile's products, for the merged loops
             zero_s = gl.zeros([HALF_K, BLOCK_Q], gl.float32, s_layout)
             mbarrier.wait(ready.index(0), 0)
             st = warpgroup_mma(k_reg, q_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -336,7 +426,16 @@ if gluon is not None:
                               _channel_factor(DOCS, DS_BOUND, bh_q, head, NT_Q, True, False, D, POW2, vec))
             dv = dv * gl.expand_dims(ratio, 0)
             i0 = g * n_t
-            if MERGED:
+            if MERGED == 2:  # (causal) the diagonal tiles in turn, then the rest under the exponentials
+                dk, dv = _consumer_tiles(t_lo, t_m, i0, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
+                                         lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul,
+                                         True, QDO_HEAD, BLOCK_Q, STAGES, s_layout, pa_layout, IN_PLACE)
+                if t_hi > t_m:
+                    dk, dv = _consumer_tiles_under_exps(
+                        t_m, t_hi, i0 + t_m - t_lo, dk, dv, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,
+                        lse_smem, dl_smem, sf_smem, dsf_smem, ready, empty, keys, s_mul, ds_mul, QDO_HEAD, BLOCK_Q,
+                        STAGES, s_layout, pa_layout, IN_PLACE)
+            elif MERGED:
                 if CAUSAL:  # as below
                     dk, dv, st, dpt = _consumer_tiles_merged(
                         t_lo, t_m, i0, G * n_t - 1, dk, dv, st, dpt, k_reg, v_reg, q_smem, do_smem, qt_smem, dot_smem,

@@ -273,6 +273,30 @@ def test_persistent_backward_kernels_change_no_bit(shape, recipe, gluon_calls, m
         assert torch.isfinite(r).all() and torch.equal(x, r), label
 
 
+@pytest.mark.parametrize("recipe", ("fp8_delta", "fp8_delta_fast"))
+@pytest.mark.parametrize("shape", ("causal_gqa_d128", "causal_g3_d128", "causal_g3_d64", "causal_many_blocks_d128"))
+def test_dkdv_products_under_exponentials_change_no_bit(shape, recipe, gluon_calls, monkeypatch):
+    """``backward_dkdv_gluon.PRODUCTS_UNDER_EXPS`` (causal calls): each tile's dV and dK products run
+    under the next tile's exponentials, the same operations on the same values, so dK and dV come out
+    bit for bit those of the default schedule (merged waits; with GQA waited in turn), dQ untouched."""
+    from hf_fp8_attention.kernels.forward import triton_forward
+
+    config = RECIPES[recipe]
+    tensors, mask, scale, scope = _problem(shape, config, seed=31)
+    q, k, v, do = (t.to("cuda", torch.bfloat16) for t in tensors)
+    out, lse = triton_forward(q, k, v, scale=scale, mask=mask, config=config)
+    want = backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    assert scope["gluon_dkdv"] and gluon_calls["gluon_dkdv"] == 1
+    modes, merged_mode = [], backward_dkdv_gluon.merged_mode
+    monkeypatch.setattr(backward_dkdv_gluon, "PRODUCTS_UNDER_EXPS", True)
+    monkeypatch.setattr(backward_dkdv_gluon, "merged_mode",
+                        lambda groups, causal: modes.append(merged_mode(groups, causal)) or modes[-1])
+    got = backward.triton_backward(q, k, v, out, lse, do, scale=scale, mask=mask, config=config)
+    assert modes == [2] and gluon_calls["gluon_dkdv"] == 2
+    for label, x, r in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(r).all() and torch.equal(x, r), label
+
+
 def test_backward_chunks_only_where_one_pass_raises_the_peak(monkeypatch):
     """``LAUNCH["backward_chunks_below_peak"]`` against the real allocator: a large call from a
     fresh memory peak runs in chunks; after a larger allocation has raised the peak (as a training
