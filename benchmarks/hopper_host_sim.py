@@ -12,8 +12,8 @@ What it is for: the package's own Python per call (planning, allocation, autogra
 launches a call issues, timed and checked on any machine (``host_python.py --hopper``,
 ``tests/test_hopper_host_path.py``). What it leaves out: Triton's launcher (7-27 µs a launch on the
 benchmark GPU's host) and the driver. The device queries it answers (capability, multiprocessors,
-memory counters, stream capture) are the H100's; the backward's memory rule (one pass or chunks)
-sees no allocator counters and follows the size alone.
+TMA) are the H100's; no stream is captured; the backward's memory rule (one pass or chunks) sees no
+allocator counters and follows the size alone.
 
 Gradients should be taken with ``torch.autograd.grad`` on non-leaf or contiguous inputs: the CPU
 would otherwise copy a gradient into a leaf's layout (a device copy on a GPU, real work here).
@@ -30,7 +30,8 @@ from hf_fp8_attention.config import Backend
 from hf_fp8_attention.kernels import autotune, backward, gluon_hopper, launch, quantize
 
 # Every kernel module now, so that each name the simulation patches is found where it is used.
-KERNEL_MODULES = [importlib.import_module(f"{kernels.__name__}.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+KERNEL_MODULES = [importlib.import_module(f"{kernels.__name__}.{m.name}")
+                  for m in pkgutil.iter_modules(kernels.__path__)]
 
 H100_SMS = 132
 

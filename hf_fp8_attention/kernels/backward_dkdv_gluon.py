@@ -72,10 +72,10 @@ MERGED_WAITS = True
 # merged against 3.34-3.35 ms waiting in turn (benchmarks/NOTES.md, "Backward").
 MERGED_GQA = False
 # A tile's dV and dK products run under the next tile's exponentials (True; any G): the next tile's
-# Sᵀ and dP'ᵀ are issued with them and waited for alone, its 448·Pᵀ and dSᵀ formed while dV and dK
-# run, then those waited for behind a CTA fence (gluon_hopper.cta_fence: without it ptxas issues
-# their wait right after Sᵀ's and dP'ᵀ's). Every warpgroup-scope wait otherwise leaves the tensor
-# cores idle while its own warpgroup forms Pᵀ and dSᵀ. The same operations on the same values as
+# Sᵀ and dP'ᵀ are issued ahead of them and waited for alone, its 448·Pᵀ formed while dV and dK run,
+# then those waited for behind a CTA fence (gluon_hopper.cta_fence: without it ptxas issues their
+# wait right after Sᵀ's and dP'ᵀ's) and dSᵀ formed. The merged waits leave this warpgroup's MMAs
+# idle while it forms Pᵀ and dSᵀ. The same operations on the same values as
 # the other schedules, so the same bits; each head's first Sᵀ, dP'ᵀ and last dV, dK unhidden.
 # Causal calls, past each program's diagonal tiles (those run in turn): offline (sm_90a, Triton 3.6)
 # that loop takes 315 / 331 instructions a tile (per-head / per-token Q and dO scales; 303 / 317
