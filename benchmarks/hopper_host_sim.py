@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import pkgutil
 from typing import Iterator, NamedTuple
+from unittest import mock
 
 from hf_fp8_attention import kernels, ops
 from hf_fp8_attention.config import Backend
@@ -46,7 +47,8 @@ class Launch(NamedTuple):
     meta: dict
 
 
-def _kernel_name(kernel) -> str:
+def kernel_name(kernel) -> str:
+    """The name of a launched kernel (a JIT or interpreted function: its Python function's)."""
     fn = getattr(kernel, "fn", kernel)
     return getattr(fn, "__name__", type(kernel).__name__)
 
@@ -62,33 +64,28 @@ def simulated_hopper() -> Iterator[list[Launch]]:
     module docstring); yields the list the launches are appended to. Every patched name is
     restored on exit."""
     launches: list[Launch] = []
-    saved = []
-
-    def patch(owner, name, value):
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, value)
 
     def record(kernel, grid, *args, **meta):
         key = tuple(map(launch.arg_key, args))  # the direct path's per-call cost
-        launches.append(Launch(_kernel_name(kernel), tuple(grid), key, meta))
+        launches.append(Launch(kernel_name(kernel), tuple(grid), key, meta))
 
-    for module in KERNEL_MODULES:
-        for attr, value in (("launch_kernel", record), ("sm_count", lambda index: H100_SMS),
-                            ("has_tma", lambda index: True), ("device_reason", _device_reason),
-                            ("on_cuda", lambda device: True)):
-            if hasattr(module, attr):
-                patch(module, attr, value)
-    patch(quantize, "_INTERPRETING", False)
-    patch(ops, "select_backend",
-          lambda device, config: Backend.EMULATION if config.backend is Backend.EMULATION else Backend.TRITON)
-    patch(backward, "_check_limits", lambda q, config: None)
-    # A new key's tuning times each candidate on the device; here the first candidate stands in.
-    patch(autotune.LaunchTuner, "_tune", lambda self, key, run, candidates: tuple(candidates)[0])
-    try:
+    with contextlib.ExitStack() as patches:  # each patch undone on exit, or where a later one fails
+        def patch(owner, name, value):
+            patches.enter_context(mock.patch.object(owner, name, value))
+
+        for module in KERNEL_MODULES:
+            for attr, value in (("launch_kernel", record), ("sm_count", lambda index: H100_SMS),
+                                ("has_tma", lambda index: True), ("device_reason", _device_reason),
+                                ("on_cuda", lambda device: True)):
+                if hasattr(module, attr):
+                    patch(module, attr, value)
+        patch(quantize, "_INTERPRETING", False)
+        patch(ops, "select_backend",
+              lambda device, config: Backend.EMULATION if config.backend is Backend.EMULATION else Backend.TRITON)
+        patch(backward, "_check_limits", lambda q, config: None)
+        # A new key's tuning times each candidate on the device; here the first candidate stands in.
+        patch(autotune.LaunchTuner, "_tune", lambda self, key, run, candidates: tuple(candidates)[0])
         yield launches
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
-__all__ = ["H100_SMS", "KERNEL_MODULES", "Launch", "simulated_hopper"]
+__all__ = ["H100_SMS", "KERNEL_MODULES", "Launch", "kernel_name", "simulated_hopper"]

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hopper_host_sim import simulated_hopper  # noqa: E402
+from hopper_host_sim import kernel_name, simulated_hopper  # noqa: E402
 
 from hf_fp8_attention import RECIPES, fp8_attention, ops  # noqa: E402
 from hf_fp8_attention.config import Backend  # noqa: E402
@@ -53,7 +53,7 @@ LAUNCHES: list[str] = []
 
 
 def _stub_run(self, *args, grid=None, **kwargs):
-    LAUNCHES.append(self.fn.__name__ if hasattr(self, "fn") else type(self).__name__)
+    LAUNCHES.append(kernel_name(self))
 
 
 class _CountOps(TorchDispatchMode):

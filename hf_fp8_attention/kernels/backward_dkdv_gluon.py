@@ -535,4 +535,4 @@ if gluon is not None:
 
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "HEAD_DIMS", "KV_IN_REGISTERS", "LAYOUTS", "LAYOUT_CONSTANTS", "MERGED_GQA",
-           "MERGED_WAITS", "gluon_dkdv", "scope_reason", "unsupported_reason"]
+           "MERGED_WAITS", "PRODUCTS_UNDER_EXPS", "gluon_dkdv", "merged_mode", "scope_reason", "unsupported_reason"]
